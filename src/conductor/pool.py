@@ -1,0 +1,237 @@
+"""The worker pool: which LLMs the Conductor may call, how to reach them and what they cost.
+
+A pool comes from a YAML file (``CONDUCTOR_POOL_FILE``) or, by default, from what this machine
+has: the local llama.cpp worker plus each cloud provider whose API key variable is set.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from conductor.chat import Usage
+from conductor.errors import ConfigurationError
+
+LOCAL_WORKER_NAME = "smollm2-local"
+BUILTIN_SMOLLM2 = "builtin:smollm2"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+
+
+class Provider(StrEnum):
+    LLAMACPP = "llamacpp"  # embedded llama.cpp engine, a GGUF file on this machine
+    OPENAI = "openai"  # api.openai.com Chat Completions
+    OPENAI_COMPATIBLE = "openai-compatible"  # vLLM, llama.cpp server, others
+    ANTHROPIC = "anthropic"
+    GEMINI = "gemini"
+
+
+# Providers whose adapter exists in this release. The others are listed, never faked.
+IMPLEMENTED_PROVIDERS = frozenset({Provider.LLAMACPP, Provider.OPENAI, Provider.OPENAI_COMPATIBLE})
+
+DEFAULT_BASE_URLS: Mapping[Provider, str] = {
+    Provider.OPENAI: "https://api.openai.com/v1",
+    Provider.ANTHROPIC: "https://api.anthropic.com",
+    Provider.GEMINI: "https://generativelanguage.googleapis.com",
+}
+
+
+class Price(BaseModel):
+    """USD per million tokens."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: float = Field(default=0.0, ge=0)
+    cached_input: float | None = Field(default=None, ge=0)
+    output: float = Field(default=0.0, ge=0)
+
+    def cost(self, usage: Usage) -> float:
+        cached = min(usage.cached_tokens, usage.prompt_tokens)
+        cached_rate = self.input if self.cached_input is None else self.cached_input
+        return (
+            (usage.prompt_tokens - cached) * self.input
+            + cached * cached_rate
+            + usage.completion_tokens * self.output
+        ) / 1_000_000
+
+
+class Quotas(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rpm: int | None = Field(default=None, gt=0)
+    tpm: int | None = Field(default=None, gt=0)
+    max_concurrency: int | None = Field(default=None, gt=0)
+
+
+class WorkerSpec(BaseModel):
+    """One worker LLM. Holds the *name* of its API key variable, never the key."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    provider: Provider
+    model: str
+    base_url: str | None = None
+    api_key_env: str | None = None
+    description: str = ""
+    price: Price = Price()
+    quotas: Quotas = Quotas()
+    max_tokens: int = Field(default=1024, gt=0)
+    temperature: float = Field(default=0.2, ge=0, le=2)
+    timeout_s: float = Field(default=120.0, gt=0)
+    fallbacks: tuple[str, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(
+                "worker names are 1-64 characters of a-z, 0-9, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
+        return value
+
+    def resolved_base_url(self) -> str | None:
+        return self.base_url or DEFAULT_BASE_URLS.get(self.provider)
+
+    def availability(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """None when the worker can be called here, else the reason it cannot."""
+        env = os.environ if environ is None else environ
+        if self.provider not in IMPLEMENTED_PROVIDERS:
+            return f"no adapter for provider {self.provider.value!r} yet (worker gateway issue)"
+        if self.provider is Provider.OPENAI_COMPATIBLE and not self.base_url:
+            return "provider 'openai-compatible' needs base_url"
+        if self.api_key_env and not env.get(self.api_key_env):
+            return f"environment variable {self.api_key_env} is not set"
+        return None
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a trace keeps of this worker: everything but secrets (there are none here)."""
+        return self.model_dump(mode="json")
+
+
+class Pool(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    workers: tuple[WorkerSpec, ...]
+
+    def get(self, name: str) -> WorkerSpec:
+        for worker in self.workers:
+            if worker.name == name:
+                return worker
+        known = ", ".join(w.name for w in self.workers) or "none"
+        raise ConfigurationError(f"no worker named {name!r} in the pool (known: {known})")
+
+    def available(self, environ: Mapping[str, str] | None = None) -> list[WorkerSpec]:
+        return [w for w in self.workers if w.availability(environ) is None]
+
+    def unavailable(self, environ: Mapping[str, str] | None = None) -> list[tuple[WorkerSpec, str]]:
+        out = []
+        for worker in self.workers:
+            reason = worker.availability(environ)
+            if reason is not None:
+                out.append((worker, reason))
+        return out
+
+    def restricted_to(self, names: list[str]) -> Pool:
+        return Pool(workers=tuple(self.get(name) for name in names))
+
+
+def local_worker(model: str = BUILTIN_SMOLLM2) -> WorkerSpec:
+    return WorkerSpec(
+        name=LOCAL_WORKER_NAME,
+        provider=Provider.LLAMACPP,
+        model=model,
+        description=(
+            "A tiny 135M-parameter instruction model running locally on the CPU. Fast and free, "
+            "but weak: use it for short, simple subtasks."
+        ),
+        max_tokens=256,
+    )
+
+
+# Cloud workers added to the default pool when their key variable is set.
+_DEFAULT_CLOUD_WORKERS = (
+    WorkerSpec(
+        name="openai",
+        provider=Provider.OPENAI,
+        model="gpt-4.1-mini",
+        api_key_env="OPENAI_API_KEY",
+        description="OpenAI GPT-4.1 mini: strong general reasoning, coding and writing.",
+        price=Price(input=0.40, cached_input=0.10, output=1.60),
+    ),
+    WorkerSpec(
+        name="anthropic",
+        provider=Provider.ANTHROPIC,
+        model="claude-sonnet-4-5",
+        api_key_env="ANTHROPIC_API_KEY",
+        description="Anthropic Claude Sonnet: careful reasoning, long context, strong coding.",
+        price=Price(input=3.0, cached_input=0.30, output=15.0),
+    ),
+    WorkerSpec(
+        name="gemini",
+        provider=Provider.GEMINI,
+        model="gemini-2.5-flash",
+        api_key_env="GEMINI_API_KEY",
+        description="Google Gemini 2.5 Flash: fast, broad knowledge, good at math.",
+        price=Price(input=0.30, cached_input=0.075, output=2.50),
+    ),
+)
+
+
+def default_pool(
+    environ: Mapping[str, str] | None = None, local_model: str = BUILTIN_SMOLLM2
+) -> Pool:
+    env = os.environ if environ is None else environ
+    cloud = [w for w in _DEFAULT_CLOUD_WORKERS if w.api_key_env and env.get(w.api_key_env)]
+    return Pool(workers=(local_worker(local_model), *cloud))
+
+
+def parse_pool(data: Any, source: str = "pool file") -> Pool:
+    """Build a pool from the YAML structure ``workers: {name: {provider: ..., ...}}``."""
+    if not isinstance(data, dict) or not isinstance(data.get("workers"), dict | list):
+        raise ConfigurationError(f"{source}: expected a mapping with a 'workers' section")
+    raw = data["workers"]
+    items = (
+        [{"name": name, **(spec or {})} for name, spec in raw.items()]
+        if isinstance(raw, dict)
+        else list(raw)
+    )
+    workers = []
+    for item in items:
+        try:
+            workers.append(WorkerSpec.model_validate(item))
+        except ValidationError as exc:
+            name = item.get("name", "?") if isinstance(item, dict) else "?"
+            raise ConfigurationError(f"{source}: worker {name!r}: {_describe(exc)}") from exc
+    names = [w.name for w in workers]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigurationError(f"{source}: duplicate worker names: {', '.join(duplicates)}")
+    if not workers:
+        raise ConfigurationError(f"{source}: the pool has no workers")
+    return Pool(workers=tuple(workers))
+
+
+def load_pool_file(path: Path) -> Pool:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read pool file {path}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigurationError(f"pool file {path} is not valid YAML: {exc}") from exc
+    return parse_pool(data, source=str(path))
+
+
+def _describe(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'value'}: {err['msg']}" for err in exc.errors()
+    )

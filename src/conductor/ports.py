@@ -1,0 +1,96 @@
+"""Interfaces between the orchestration core and the services that plug into it.
+
+The executor depends only on these, so the embedded mode (in-process objects) and the
+distributed mode (gRPC planner, Celery gateway) run the same orchestration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+from conductor.chat import ChatMessage, Completion
+from conductor.workflow import Plan, PlanOutcome, PoolEntry, StepRecord, WorkflowResult
+
+
+class PlanFormat(StrEnum):
+    LISTS = "lists"  # reasoning, then the three Python lists (the paper's form)
+    JSON = "json"  # one JSON object, for backends with schema-constrained decoding
+
+
+@runtime_checkable
+class ChatWorker(Protocol):
+    """A worker LLM reachable for chat completions."""
+
+    name: str
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
+    ) -> Completion: ...
+
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class PlannerBackend(Protocol):
+    """Generates the Conductor's raw text. Backends: llamacpp, openai; later vllm, transformers."""
+
+    name: str
+    plan_format: PlanFormat
+
+    async def generate(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        json_schema: dict[str, Any] | None,
+        max_tokens: int,
+        temperature: float,
+    ) -> Completion: ...
+
+    async def aclose(self) -> None: ...
+
+
+class PriorRound(BaseModel):
+    """What a re-planning Conductor sees: its previous plan, each step's answer, the last one."""
+
+    model_config = ConfigDict(frozen=True)
+
+    plan: Plan
+    answers: list[str | None]
+    last_answer: str
+
+
+class PlanRequest(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    question: str
+    pool: list[PoolEntry]
+    max_steps: int
+    round: int = 0
+    prior: PriorRound | None = None
+    temperature: float = 0.3
+    max_tokens: int = 1024
+    fallback_model_id: int = 0
+
+
+class Planner(Protocol):
+    async def plan(self, request: PlanRequest) -> PlanOutcome: ...
+
+
+class WorkflowObserver(Protocol):
+    """Receives a workflow's progress; the trace store and the CLI renderer are observers."""
+
+    async def workflow_started(
+        self, result: WorkflowResult, pool_snapshot: list[dict[str, Any]]
+    ) -> None: ...
+
+    async def plan_ready(self, result: WorkflowResult, outcome: PlanOutcome) -> None: ...
+
+    async def step_started(self, result: WorkflowResult, step: StepRecord) -> None: ...
+
+    async def step_finished(self, result: WorkflowResult, step: StepRecord) -> None: ...
+
+    async def workflow_finished(self, result: WorkflowResult) -> None: ...

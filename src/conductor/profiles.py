@@ -1,0 +1,54 @@
+"""Variants as named profiles: how much orchestration a request gets."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from conductor.errors import ConfigurationError
+
+MAX_STEPS_LIMIT = 5  # the protocol's bound on steps per plan
+
+
+class Profile(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    description: str = ""
+    max_steps: int = Field(ge=1, le=MAX_STEPS_LIMIT)
+    # Extra Conductor rounds a plan may trigger by naming the Conductor as its last step.
+    recursion_rounds: int = Field(default=0, ge=0, le=3)
+    # Run independent steps at once. Off runs steps one at a time in index order.
+    parallel: bool = True
+    planner_temperature: float = Field(default=0.3, ge=0, le=2)
+    planner_max_tokens: int = Field(default=1024, gt=0)
+
+
+BUILTIN_PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile(
+            name="conductor-mini",
+            description="One step: the Conductor routes the question to the best worker.",
+            max_steps=1,
+            recursion_rounds=0,
+            planner_max_tokens=256,
+        ),
+        Profile(
+            name="conductor-ultra",
+            description="Up to 5 steps, independent steps in parallel, one round of recursion.",
+            max_steps=MAX_STEPS_LIMIT,
+            recursion_rounds=1,
+        ),
+    )
+}
+
+DEFAULT_PROFILE = "conductor-ultra"
+
+
+def get_profile(name: str, extra: dict[str, Profile] | None = None) -> Profile:
+    profiles = {**BUILTIN_PROFILES, **(extra or {})}
+    try:
+        return profiles[name]
+    except KeyError:
+        known = ", ".join(sorted(profiles))
+        raise ConfigurationError(f"unknown variant {name!r} (known: {known})") from None
