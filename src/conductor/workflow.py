@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from conductor.chat import Usage
 
-ALL = "all"
+ALL: Literal["all"] = "all"
 AccessEntry = int | Literal["all"]
 
 
@@ -77,6 +77,7 @@ class PlanOutcome(BaseModel):
     stop: bool = False
     pool: list[PoolEntry]
     usage: Usage = Usage()
+    cost_usd: float = 0.0
     latency_ms: float = 0.0
     backend: str = ""
 

@@ -1,0 +1,39 @@
+"""Planner backend on the embedded llama.cpp engine, with JSON-schema-constrained decoding."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from conductor.chat import ChatMessage, Completion
+from conductor.llamacpp import LlamaCppEngine
+from conductor.openai_wire import parse_chat_response
+from conductor.ports import PlanFormat
+
+
+class LlamaCppPlannerBackend:
+    name = "llamacpp"
+    # Constrained decoding makes every plan well-formed, whatever the model size.
+    plan_format = PlanFormat.JSON
+
+    def __init__(self, engine: LlamaCppEngine) -> None:
+        self.engine = engine
+
+    async def generate(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        json_schema: dict[str, Any] | None,
+        max_tokens: int,
+        temperature: float,
+    ) -> Completion:
+        body = self.engine.request_body(
+            [m.model_dump() for m in messages],
+            max_tokens=max_tokens,
+            temperature=temperature,
+            json_schema=json_schema,
+        )
+        return parse_chat_response(await self.engine.chat(body))
+
+    async def aclose(self) -> None:
+        """The engine is shared with the local worker and lives as long as the process."""

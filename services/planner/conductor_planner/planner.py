@@ -1,0 +1,89 @@
+"""The Conductor planner: prompt -> backend -> tolerant parse -> strict validation -> fallback.
+
+Backends only generate text; everything that makes a plan trustworthy happens here, the same
+for every backend. Invalid output never reaches the executor: it is recorded as invalid and
+replaced by a one-step fallback plan (or, in a recursion round, by stopping).
+"""
+
+from __future__ import annotations
+
+import time
+
+from conductor.pool import Price
+from conductor.ports import PlanFormat, PlannerBackend, PlanRequest
+from conductor.protocol import (
+    ParseFailure,
+    fallback_plan,
+    parse_plan,
+    plan_schema,
+    render_prompt,
+    validate_plan,
+)
+from conductor.workflow import Plan, PlanOutcome
+
+
+class ConductorPlanner:
+    def __init__(self, backend: PlannerBackend, *, price: Price | None = None) -> None:
+        self.backend = backend
+        self.price = price or Price()
+
+    async def plan(self, request: PlanRequest) -> PlanOutcome:
+        conductor_ids = [i for i, entry in enumerate(request.pool) if entry.is_conductor]
+        conductor_id = conductor_ids[0] if conductor_ids else None
+        worker_ids = [i for i, entry in enumerate(request.pool) if not entry.is_conductor]
+        if request.fallback_model_id not in worker_ids:
+            raise ValueError(f"fallback model {request.fallback_model_id} is not a worker id")
+        allow_stop = request.round > 0
+        fmt = self.backend.plan_format
+        schema = (
+            plan_schema(
+                worker_ids=worker_ids,
+                max_steps=request.max_steps,
+                conductor_id=conductor_id,
+                allow_stop=allow_stop,
+            )
+            if fmt is PlanFormat.JSON
+            else None
+        )
+        started = time.perf_counter()
+        completion = await self.backend.generate(
+            render_prompt(request, fmt),
+            json_schema=schema,
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+        )
+        latency_ms = (time.perf_counter() - started) * 1000
+
+        parsed = parse_plan(completion.text)
+        plan: Plan | None = None
+        stop = False
+        if isinstance(parsed, ParseFailure):
+            errors = [parsed.reason]
+        else:
+            validation = validate_plan(
+                parsed,
+                pool_size=len(request.pool),
+                max_steps=request.max_steps,
+                conductor_id=conductor_id,
+                allow_stop=allow_stop,
+            )
+            errors, plan, stop = validation.errors, validation.plan, validation.stop
+        if errors:
+            if completion.finish_reason == "length":
+                errors.append(f"output cut at max_tokens={request.max_tokens}")
+            # Round 0 must answer, so it falls back; a later round keeps the last answer.
+            stop = allow_stop
+            plan = None
+        return PlanOutcome(
+            round=request.round,
+            raw_output=completion.text,
+            valid=not errors,
+            errors=errors,
+            plan=plan or (Plan(steps=()) if stop else fallback_plan(request.fallback_model_id)),
+            stop=stop,
+            pool=request.pool,
+            usage=completion.usage,
+            cost_usd=self.price.cost(completion.usage),
+            latency_ms=latency_ms,
+            backend=self.backend.name,
+        )

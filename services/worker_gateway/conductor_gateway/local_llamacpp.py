@@ -1,0 +1,26 @@
+"""The local worker: a GGUF model on the embedded llama.cpp engine (no network, no cost)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from conductor.chat import ChatMessage, Completion
+from conductor.llamacpp import LlamaCppEngine
+from conductor.openai_wire import parse_chat_response
+
+
+class LlamaCppWorker:
+    def __init__(self, name: str, engine: LlamaCppEngine) -> None:
+        self.name = name
+        self.engine = engine
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
+    ) -> Completion:
+        body = self.engine.request_body(
+            [m.model_dump() for m in messages], max_tokens=max_tokens, temperature=temperature
+        )
+        return parse_chat_response(await self.engine.chat(body))
+
+    async def aclose(self) -> None:
+        """The engine is shared (planner, other workers on the same file) and stays loaded."""

@@ -1,0 +1,112 @@
+"""Four few-shot examples, written for this project (the paper's most damaging ablation is
+removing them). They use a sample team of their own so they fit any pool the user has."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from conductor.workflow import ALL, Plan, PlanStep
+
+EXAMPLE_TEAM = (
+    "A careful mathematician: strong at step-by-step reasoning and arithmetic.",
+    "A fast, cheap generalist: good at short factual answers and simple edits.",
+    "An expert programmer: writes and reviews correct, efficient code.",
+)
+
+
+@dataclass(frozen=True)
+class FewShotExample:
+    question: str
+    reasoning: str
+    plan: Plan
+    # Used instead of `plan` when a variant allows a single step (conductor-mini).
+    routing_reasoning: str
+    routing_plan: Plan
+
+
+def _plan(*steps: tuple[int, str, tuple[int | str, ...]]) -> Plan:
+    return Plan(steps=tuple(PlanStep(model_id=m, subtask=s, access_list=a) for m, s, a in steps))
+
+
+EXAMPLES: tuple[FewShotExample, ...] = (
+    FewShotExample(
+        question=(
+            "A shop sells pens at 3 for $4. How much do 27 pens cost, and how much is saved "
+            "compared with buying them at $1.50 each?"
+        ),
+        reasoning=(
+            "Arithmetic with two parts. The mathematician solves it, then checks its own work "
+            "with the full solution in view."
+        ),
+        plan=_plan(
+            (0, "Solve the word problem step by step and state both amounts in dollars.", ()),
+            (
+                0,
+                "Check the solution above for arithmetic mistakes. Reply with the corrected "
+                "final answer: the cost of 27 pens and the amount saved.",
+                (ALL,),
+            ),
+        ),
+        routing_reasoning="Arithmetic: the mathematician is the best single choice.",
+        routing_plan=_plan(
+            (0, "Solve step by step and state the cost and the saving in dollars.", ())
+        ),
+    ),
+    FewShotExample(
+        question=(
+            "Write a Python function that returns the length of the longest strictly increasing "
+            "subsequence of a list of integers, in O(n log n) time."
+        ),
+        reasoning=(
+            "A coding task: first an algorithm, then the code, then a review. The programmer "
+            "writes the code after seeing the algorithm; the review sees everything."
+        ),
+        plan=_plan(
+            (0, "Describe an O(n log n) algorithm for this problem, with a short argument.", ()),
+            (2, "Implement the algorithm above as a Python function with type hints.", (0,)),
+            (
+                2,
+                "Review the function above against the task, fix any bug, and return only the "
+                "final Python code.",
+                (ALL,),
+            ),
+        ),
+        routing_reasoning="A coding task: route it to the programmer.",
+        routing_plan=_plan(
+            (2, "Write the O(n log n) Python function with type hints and return only code.", ())
+        ),
+    ),
+    FewShotExample(
+        question=(
+            "Which gas makes up most of Earth's atmosphere? (A) Oxygen (B) Nitrogen "
+            "(C) Argon (D) Carbon dioxide"
+        ),
+        reasoning="A short factual multiple-choice question: one fast step is enough.",
+        plan=_plan((1, "Answer with the letter of the correct option only.", ())),
+        routing_reasoning="A short factual question: the generalist answers it.",
+        routing_plan=_plan((1, "Answer with the letter of the correct option only.", ())),
+    ),
+    FewShotExample(
+        question=(
+            "Compare bubble sort and merge sort for sorting one million numbers, and recommend one."
+        ),
+        reasoning=(
+            "Two independent analyses can run at the same time; a final step sees both and "
+            "writes the recommendation."
+        ),
+        plan=_plan(
+            (2, "Explain the time and memory cost of bubble sort on one million numbers.", ()),
+            (0, "Explain the time and memory cost of merge sort on one million numbers.", ()),
+            (
+                1,
+                "Using the two analyses above, compare the algorithms and recommend one in "
+                "three sentences.",
+                (0, 1),
+            ),
+        ),
+        routing_reasoning="An algorithms question: the programmer knows both well.",
+        routing_plan=_plan(
+            (2, "Compare bubble sort and merge sort on one million numbers; recommend one.", ())
+        ),
+    ),
+)

@@ -1,0 +1,122 @@
+"""Renders the Conductor prompt: the task, the numbered pool, few-shot examples, the question.
+
+Workers appear only as "Model i" with a description (names withheld so they do not bias the
+Conductor). The same text serves every backend; only the output instructions differ between
+the paper's three Python lists and the JSON form used under constrained decoding.
+"""
+
+from __future__ import annotations
+
+import json
+
+from conductor.chat import ChatMessage
+from conductor.ports import PlanFormat, PlanRequest, PriorRound
+from conductor.protocol.examples import EXAMPLE_TEAM, EXAMPLES
+from conductor.workflow import Plan, PoolEntry
+
+# Answers shown to a re-planning Conductor are cut to keep the prompt inside small contexts.
+MAX_ANSWER_CHARS_IN_PROMPT = 1500
+
+_TASK = """You are the Conductor. You answer questions by querying a team of language models \
+with different skills; you never answer yourself. Write a workflow of 1 to {max_steps} steps. \
+Each step gives one model a subtask in natural language and an access list that says which \
+earlier steps (their subtasks and answers) that model may see.
+
+- model_id: the number of the model that does each step.
+- subtasks: the instruction for each step. The model of the first step also receives the \
+user's question; other models see only their subtask and their access list.
+- access_list: for each step, [] to see nothing earlier, ["all"] to see every earlier step, \
+or the numbers of earlier steps, for example [0, 2].
+- The answer of the last step is the final answer, so the last step must give the full answer.
+- Steps that do not need each other run at the same time."""
+
+_LISTS_OUTPUT = """Output: first think briefly about the question and which models fit it, \
+then write exactly three Python lists of equal length:
+model_id = [...]
+subtasks = [...]
+access_list = [...]"""
+
+_JSON_OUTPUT = """Output one JSON object: a short "reasoning" about the question and which \
+models fit it, then "steps", a list of {"model_id": int, "subtask": str, "access_list": list}."""
+
+_REPLAN_LISTS = """Write new steps that improve the last answer, or, if it is already right and \
+complete, stop by writing three empty lists: model_id = [], subtasks = [], access_list = []."""
+
+_REPLAN_JSON = """Write new steps that improve the last answer, or, if it is already right and \
+complete, stop with an empty list of steps."""
+
+
+def render_pool(pool: list[PoolEntry]) -> str:
+    lines = []
+    for model_id, entry in enumerate(pool):
+        if entry.is_conductor:
+            lines.append(
+                f"Model {model_id}: the Conductor (you). Name it only as the last step, after at "
+                "least one other step, to see the answers so far and write more steps."
+            )
+        else:
+            lines.append(f"Model {model_id}: {entry.description or entry.name}")
+    return "\n".join(lines)
+
+
+def render_output(plan: Plan, reasoning: str, fmt: PlanFormat) -> str:
+    """A plan as the Conductor is asked to write it (used by examples and tests)."""
+    if fmt is PlanFormat.JSON:
+        steps = [
+            {"model_id": s.model_id, "subtask": s.subtask, "access_list": list(s.access_list)}
+            for s in plan.steps
+        ]
+        return json.dumps({"reasoning": reasoning, "steps": steps}, ensure_ascii=False)
+    return f"{reasoning}\n\n{plan.as_lists_text()}"
+
+
+def _render_examples(max_steps: int, fmt: PlanFormat) -> str:
+    team = "\n".join(f"Model {i}: {d}" for i, d in enumerate(EXAMPLE_TEAM))
+    parts = [f"Examples, with a sample team:\n{team}"]
+    for number, example in enumerate(EXAMPLES, start=1):
+        fits = len(example.plan.steps) <= max_steps
+        plan = example.plan if fits else example.routing_plan
+        reasoning = example.reasoning if fits else example.routing_reasoning
+        parts.append(
+            f"Example {number}\nQuestion: {example.question}\nOutput:\n"
+            f"{render_output(plan, reasoning, fmt)}"
+        )
+    return "\n\n".join(parts)
+
+
+def _render_prior(prior: PriorRound, fmt: PlanFormat) -> str:
+    lines = ["Your previous workflow:", render_output(prior.plan, "", fmt).strip(), "", "Answers:"]
+    for index, (step, answer) in enumerate(zip(prior.plan.steps, prior.answers, strict=True)):
+        shown = "(no answer)" if answer is None else _clip(answer)
+        lines.append(f"Step {index} (Model {step.model_id}): {shown}")
+    lines += ["", f"Last answer: {_clip(prior.last_answer)}", ""]
+    lines.append(_REPLAN_JSON if fmt is PlanFormat.JSON else _REPLAN_LISTS)
+    lines.append(
+        'Numbers in access lists refer to the new steps; ["all"] also shows every earlier step.'
+    )
+    return "\n".join(lines)
+
+
+def _clip(text: str) -> str:
+    text = text.strip()
+    if len(text) <= MAX_ANSWER_CHARS_IN_PROMPT:
+        return text
+    return text[:MAX_ANSWER_CHARS_IN_PROMPT] + " [...]"
+
+
+def render_prompt(request: PlanRequest, fmt: PlanFormat) -> list[ChatMessage]:
+    output = _JSON_OUTPUT if fmt is PlanFormat.JSON else _LISTS_OUTPUT
+    system = "\n\n".join(
+        (
+            _TASK.format(max_steps=request.max_steps),
+            output,
+            _render_examples(request.max_steps, fmt),
+        )
+    )
+    user = [f"Available models:\n{render_pool(request.pool)}", f"Question: {request.question}"]
+    if request.prior is not None:
+        user.append(_render_prior(request.prior, fmt))
+    return [
+        ChatMessage(role="system", content=system),
+        ChatMessage(role="user", content="\n\n".join(user)),
+    ]

@@ -1,0 +1,77 @@
+"""JSON Schema of a plan for constrained decoding: a plan decoded under it always validates.
+
+The schema encodes position-dependent rules with ``prefixItems``: step ``i`` may only access
+steps ``0..i-1``, and the Conductor's own id may only be the last step of a plan that has at
+least one worker step before it. Length limits keep a small model from running away.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conductor.workflow import ALL
+
+
+def plan_schema(
+    *,
+    worker_ids: list[int],
+    max_steps: int,
+    conductor_id: int | None = None,
+    allow_stop: bool = False,
+    max_subtask_chars: int = 600,
+    max_reasoning_chars: int = 600,
+) -> dict[str, Any]:
+    if not worker_ids:
+        raise ValueError("a plan schema needs at least one worker id")
+    worker_steps = [_step_schema(i, worker_ids, max_subtask_chars) for i in range(max_steps)]
+    alternatives: list[dict[str, Any]] = [
+        {
+            "type": "array",
+            "prefixItems": worker_steps,
+            "minItems": 0 if allow_stop else 1,
+            "maxItems": max_steps,
+        }
+    ]
+    if conductor_id is not None:
+        for workers_before in range(1, max_steps):
+            conductor_step = _step_schema(workers_before, [conductor_id], max_subtask_chars)
+            alternatives.append(
+                {
+                    "type": "array",
+                    "prefixItems": [*worker_steps[:workers_before], conductor_step],
+                    "minItems": workers_before + 1,
+                    "maxItems": workers_before + 1,
+                }
+            )
+    steps = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+    return {
+        "type": "object",
+        "properties": {
+            "reasoning": {"type": "string", "maxLength": max_reasoning_chars},
+            "steps": steps,
+        },
+        "required": ["reasoning", "steps"],
+        "additionalProperties": False,
+    }
+
+
+def _step_schema(index: int, model_ids: list[int], max_subtask_chars: int) -> dict[str, Any]:
+    if index == 0:
+        access: dict[str, Any] = {"type": "array", "maxItems": 0}
+    else:
+        access = {
+            "anyOf": [
+                {"type": "array", "prefixItems": [{"const": ALL}], "minItems": 1, "maxItems": 1},
+                {"type": "array", "items": {"enum": list(range(index))}, "maxItems": index},
+            ]
+        }
+    return {
+        "type": "object",
+        "properties": {
+            "model_id": {"enum": model_ids},
+            "subtask": {"type": "string", "minLength": 1, "maxLength": max_subtask_chars},
+            "access_list": access,
+        },
+        "required": ["model_id", "subtask", "access_list"],
+        "additionalProperties": False,
+    }

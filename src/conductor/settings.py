@@ -1,0 +1,51 @@
+"""Settings from the environment (prefix ``CONDUCTOR_``). Build them in ``main()`` or through
+``get_settings()``, never at import time, so tests and services choose their own."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from conductor.pool import BUILTIN_SMOLLM2
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "conductor"
+
+
+def _default_database_url() -> str:
+    return f"sqlite:///{default_data_dir() / 'conductor.db'}"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CONDUCTOR_", extra="ignore")
+
+    # Traces. The default is a SQLite file in the user's data directory.
+    database_url: str = Field(default_factory=_default_database_url)
+    # Worker pool file (YAML). Unset: the local worker plus each cloud worker whose key is set.
+    pool_file: Path | None = None
+    # GGUF model of the local worker and of the llamacpp planner: a path or builtin:smollm2.
+    local_model: str = BUILTIN_SMOLLM2
+
+    planner_backend: Literal["llamacpp", "openai", "transformers", "vllm"] = "llamacpp"
+    # llamacpp: a GGUF path (default: local_model). openai: the model name at planner_base_url.
+    planner_model: str | None = None
+    planner_base_url: str | None = None
+    planner_api_key_env: str | None = None
+    # openai backend only: ask for JSON-schema-constrained output (response_format).
+    planner_structured: bool = False
+
+    llamacpp_threads: int = Field(default=max(1, min(os.cpu_count() or 1, 8)), ge=1)
+    llamacpp_context_tokens: int = Field(default=8192, ge=512)
+    llamacpp_parallel_slots: int = Field(default=4, ge=1)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

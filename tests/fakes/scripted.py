@@ -1,0 +1,87 @@
+"""Scripted, in-process stand-ins for workers and planner backends (no network, no model).
+
+They implement the same interfaces as the real ones, so the executor under test runs its real
+code paths; they also log what they received and when, for the behavioural tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conductor.chat import ChatMessage, Completion, Usage
+from conductor.ports import PlanFormat
+
+
+@dataclass
+class Call:
+    messages: list[ChatMessage]
+    started: float
+    finished: float = 0.0
+
+
+@dataclass
+class ScriptedWorker:
+    """Answers ``f"{name}-answer-{n}"`` (or ``answer(messages)``) after ``delay_s`` seconds."""
+
+    name: str
+    delay_s: float = 0.0
+    answer: Callable[[list[ChatMessage]], str] | None = None
+    fail_with: Exception | None = None
+    calls: list[Call] = field(default_factory=list)
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
+    ) -> Completion:
+        call = Call(messages=list(messages), started=time.perf_counter())
+        self.calls.append(call)
+        await asyncio.sleep(self.delay_s)
+        call.finished = time.perf_counter()
+        if self.fail_with is not None:
+            raise self.fail_with
+        text = (
+            self.answer(call.messages) if self.answer else f"{self.name}-answer-{len(self.calls)}"
+        )
+        prompt_tokens = sum(len(m.content.split()) for m in messages)
+        return Completion(
+            text=text,
+            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=len(text.split())),
+            model=self.name,
+        )
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass
+class ScriptedBackend:
+    """A planner backend that returns scripted raw Conductor outputs, one per call."""
+
+    outputs: list[str]
+    plan_format: PlanFormat = PlanFormat.LISTS
+    name: str = "scripted"
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    async def generate(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        json_schema: dict[str, Any] | None,
+        max_tokens: int,
+        temperature: float,
+    ) -> Completion:
+        self.requests.append({"messages": list(messages), "json_schema": json_schema})
+        index = min(len(self.requests) - 1, len(self.outputs) - 1)
+        text = self.outputs[index]
+        return Completion(text=text, usage=Usage(prompt_tokens=100, completion_tokens=20))
+
+    async def aclose(self) -> None:
+        return None
+
+
+def lists(ids: list[int], subtasks: list[str], access: list[list[Any]]) -> str:
+    """A raw Conductor output in the paper's form."""
+    return f"Reasoning.\nmodel_id = {ids}\nsubtasks = {subtasks!r}\naccess_list = {access!r}"
