@@ -6,10 +6,12 @@ executor are the real ones.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 
 import pytest
+from fakes.scripted import ScriptedBackend, ScriptedWorker, lists
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +22,6 @@ from conductor.profiles import BUILTIN_PROFILES, Profile
 from conductor.workflow import StepKind, StepStatus, WorkflowResult, WorkflowStatus
 from conductor_aggregator.executor import WorkflowExecutor
 from conductor_planner import ConductorPlanner
-from fakes.scripted import ScriptedBackend, ScriptedWorker, lists
 
 ULTRA = BUILTIN_PROFILES["conductor-ultra"]
 NAMES = ["alpha", "beta", "gamma"]
@@ -77,7 +78,7 @@ async def test_a_sequential_profile_never_overlaps_steps() -> None:
     await executor.run("q", profile)
 
     calls = sorted((w.calls[0] for w in workers), key=lambda c: c.started)
-    assert all(a.finished <= b.started for a, b in zip(calls, calls[1:], strict=False))
+    assert all(a.finished <= b.started for a, b in itertools.pairwise(calls))
 
 
 _MARK = re.compile(r"(SUBTASK|ANSWER)-(\d)")
@@ -187,7 +188,8 @@ async def test_recursion_round_that_stops_keeps_the_last_answer() -> None:
 
     result = await executor.run("q", ULTRA)
 
-    assert result.planner_calls[1].stop and result.planner_calls[1].valid
+    assert result.planner_calls[1].stop
+    assert result.planner_calls[1].valid
     assert result.answer == "alpha-answer-1"
 
 
@@ -206,12 +208,14 @@ async def test_invalid_conductor_output_falls_back_and_is_recorded(output: str, 
     result = await executor.run("What is 2+2?", ULTRA)
 
     call = result.planner_calls[0]
-    assert not result.plan_valid and not call.valid
+    assert not result.plan_valid
+    assert not call.valid
     assert any(error in e for e in call.errors), call.errors
     assert call.raw_output == output
     assert [(s.worker, s.subtask) for s in result.steps] == [("alpha", "Answer the question.")]
     assert "What is 2+2?" in workers[0].calls[0].messages[-1].content
-    assert result.status is WorkflowStatus.COMPLETED and result.answer == "alpha-answer-1"
+    assert result.status is WorkflowStatus.COMPLETED
+    assert result.answer == "alpha-answer-1"
 
 
 async def test_a_failing_step_fails_the_workflow_with_its_reason() -> None:
@@ -226,7 +230,9 @@ async def test_a_failing_step_fails_the_workflow_with_its_reason() -> None:
     result = await executor.run("q", ULTRA)
 
     assert result.status is WorkflowStatus.FAILED
-    assert result.error is not None and "step 0 (alpha)" in result.error and "503" in result.error
+    assert result.error is not None
+    assert "step 0 (alpha)" in result.error
+    assert "503" in result.error
     statuses = [s.status for s in result.steps]
     assert statuses == [StepStatus.FAILED, StepStatus.CANCELLED, StepStatus.CANCELLED]
     assert result.steps[0].attempts[0].error_class == "ProviderUnavailable"

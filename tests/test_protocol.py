@@ -44,7 +44,8 @@ def test_prompt_numbers_the_pool_shows_four_examples_and_the_question(fmt: PlanF
 
     system, user = render_prompt(request, fmt)
 
-    assert system.role == "system" and user.role == "user"
+    assert system.role == "system"
+    assert user.role == "user"
     assert "Model 0: Strong at math." in user.content
     assert "Model 2: Writes code." in user.content
     assert user.content.rstrip().endswith("Question: What is 6 * 7?")
@@ -110,7 +111,8 @@ def test_parses_the_three_lists_with_reasoning_around_them() -> None:
 def test_the_last_occurrence_of_each_list_wins() -> None:
     text = "Draft: model_id = [1]\nFinal:\nmodel_id = [2]\nsubtasks = ['x']\naccess_list = [[]]"
     parsed = parse_plan(text)
-    assert isinstance(parsed, ParsedLists) and parsed.model_id == [2]
+    assert isinstance(parsed, ParsedLists)
+    assert parsed.model_id == [2]
 
 
 def test_parses_lists_inside_a_code_fence() -> None:
@@ -231,14 +233,17 @@ def test_invalid_plans_are_rejected_with_a_reason(
     ids: list[Any], subtasks: list[Any], access: list[Any], kw: dict[str, Any], needle: str
 ) -> None:
     errors = _validate(ids, subtasks, access, **kw)
-    assert errors and any(needle in e for e in errors), errors
+    assert errors
+    assert any(needle in e for e in errors), errors
 
 
 def test_empty_lists_stop_only_a_recursion_round() -> None:
     stop = validate_plan(
         ParsedLists([], [], [], form="lists"), pool_size=3, max_steps=2, allow_stop=True
     )
-    assert stop.valid and stop.stop and stop.plan is None
+    assert stop.valid
+    assert stop.stop
+    assert stop.plan is None
 
 
 def test_the_conductor_may_be_the_last_step() -> None:

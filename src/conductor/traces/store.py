@@ -1,0 +1,303 @@
+"""The trace store: a WorkflowObserver that writes each workflow, step and attempt to SQL.
+
+Writes are idempotent so that redelivered events (Celery ``acks_late``, a resumed aggregator)
+are harmless: rows are inserted with ON CONFLICT DO NOTHING, and a step or workflow that has
+reached a terminal status is never written again (the first final write wins). Any event
+creates the workflow row if it is missing, so a store attached late still keeps a trace.
+
+Row values are built on the event loop before the SQL runs in a thread, because the executor
+keeps mutating the records of parallel steps while a write is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Table, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlmodel import Session, col, select
+
+from conductor.traces.models import (
+    AttemptRow,
+    StepRow,
+    WorkflowRow,
+    attempt_table,
+    step_table,
+    workflow_table,
+)
+from conductor.traces.redact import redact_text, scrub_snapshot, secret_values
+from conductor.workflow import (
+    AttemptRecord,
+    PlanOutcome,
+    StepRecord,
+    StepStatus,
+    WorkflowResult,
+    WorkflowStatus,
+)
+
+Row = dict[str, Any]
+TERMINAL_STEP = (StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.CANCELLED)
+TERMINAL_WORKFLOW = (WorkflowStatus.COMPLETED, WorkflowStatus.FAILED)
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    """Naive datetimes are taken as UTC rather than losing the trace to a ValueError."""
+    if value is None or value.utcoffset() is not None:
+        return value
+    return value.replace(tzinfo=UTC)
+
+
+def _workflow_row(result: WorkflowResult, tenant: str, snapshot: list[dict[str, Any]]) -> Row:
+    return {
+        "id": result.workflow_id,
+        "tenant": tenant,
+        "variant": result.variant,
+        "question": result.question,
+        "status": WorkflowStatus.RUNNING.value,
+        "pool_snapshot": snapshot,
+        "planner_calls": [],
+        "plan": [],
+        "plan_valid": False,
+        "answer": None,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "cached_tokens": 0,
+        "total_tokens": 0,
+        "cost_usd": 0.0,
+        "latency_ms": 0.0,
+        "feedback": None,
+        "error": None,
+        "created_at": _aware(result.created_at),
+        "finished_at": None,
+    }
+
+
+def _final_workflow_values(result: WorkflowResult, secrets: list[str]) -> Row:
+    return {
+        "status": result.status.value,
+        "answer": result.answer,
+        "prompt_tokens": result.usage.prompt_tokens,
+        "completion_tokens": result.usage.completion_tokens,
+        "cached_tokens": result.usage.cached_tokens,
+        "total_tokens": result.usage.total_tokens,
+        "cost_usd": result.cost_usd,
+        "latency_ms": result.latency_ms,
+        "error": redact_text(result.error, secrets),
+        "finished_at": _aware(result.finished_at) or datetime.now(UTC),
+    }
+
+
+def _step_row(step: StepRecord, secrets: list[str], status: StepStatus | None = None) -> Row:
+    return {
+        "index": step.index,
+        "round": step.round,
+        "kind": step.kind.value,
+        "worker": step.worker,
+        "subtask": step.subtask,
+        "access_list": list(step.access_list),
+        "visible_steps": list(step.visible_steps),
+        "status": (status or step.status).value,
+        "output": step.output,
+        "prompt_tokens": step.usage.prompt_tokens,
+        "completion_tokens": step.usage.completion_tokens,
+        "cached_tokens": step.usage.cached_tokens,
+        "total_tokens": step.usage.total_tokens,
+        "cost_usd": step.cost_usd,
+        "latency_ms": step.latency_ms,
+        "started_at": _aware(step.started_at),
+        "finished_at": _aware(step.finished_at),
+        "error": redact_text(step.error, secrets),
+    }
+
+
+def _attempt_row(attempt: AttemptRecord, secrets: list[str]) -> Row:
+    return {
+        "number": attempt.number,
+        "status": attempt.status,
+        "error_class": attempt.error_class,
+        "error": redact_text(attempt.error, secrets),
+        "status_code": attempt.status_code,
+        "prompt_tokens": attempt.usage.prompt_tokens,
+        "completion_tokens": attempt.usage.completion_tokens,
+        "cached_tokens": attempt.usage.cached_tokens,
+        "cost_usd": attempt.cost_usd,
+        "latency_ms": attempt.latency_ms,
+        "started_at": _aware(attempt.started_at),
+    }
+
+
+def _executed_plan(planner_calls: list[Row]) -> list[Row]:
+    """Each round's plan with worker names resolved, in the order the steps ran."""
+    steps = []
+    for call in planner_calls:
+        pool = call.get("pool", [])
+        for step in call["plan"]["steps"]:
+            model_id = step["model_id"]
+            worker = pool[model_id]["name"] if 0 <= model_id < len(pool) else None
+            steps.append(
+                {
+                    "round": call["round"],
+                    "model_id": model_id,
+                    "worker": worker,
+                    "subtask": step["subtask"],
+                    "access_list": step["access_list"],
+                }
+            )
+    return steps
+
+
+class TraceStore:
+    """Persists workflows as traces; plug it into the executor as a WorkflowObserver.
+
+    ``tenant`` is written on every workflow this store creates (WorkflowResult has no tenant).
+    The engine belongs to the caller, who disposes of it.
+    """
+
+    def __init__(self, engine: Engine, *, tenant: str = "default") -> None:
+        if engine.dialect.name not in {"sqlite", "postgresql"}:
+            raise ValueError(f"unsupported database dialect {engine.dialect.name!r}")
+        self._engine = engine
+        self._tenant = tenant
+        self._lock = asyncio.Lock()
+
+    # -- WorkflowObserver -------------------------------------------------------------------
+
+    async def workflow_started(
+        self, result: WorkflowResult, pool_snapshot: list[dict[str, Any]]
+    ) -> None:
+        workflow = _workflow_row(result, self._tenant, scrub_snapshot(pool_snapshot))
+        await self._write(lambda conn: self._ensure_workflow(conn, workflow))
+
+    async def plan_ready(self, result: WorkflowResult, outcome: PlanOutcome) -> None:
+        workflow = _workflow_row(result, self._tenant, [])
+        calls = [outcome.model_dump(mode="json")]
+        await self._write(lambda conn: self._merge_plans(conn, workflow, calls))
+
+    async def step_started(self, result: WorkflowResult, step: StepRecord) -> None:
+        workflow = _workflow_row(result, self._tenant, [])
+        row = _step_row(step, secret_values(), status=StepStatus.RUNNING)
+        await self._write(lambda conn: self._start_step(conn, workflow, row))
+
+    async def step_finished(self, result: WorkflowResult, step: StepRecord) -> None:
+        workflow = _workflow_row(result, self._tenant, [])
+        secrets = secret_values()
+        row = _step_row(step, secrets)
+        attempts = [_attempt_row(a, secrets) for a in step.attempts]
+        await self._write(lambda conn: self._finish_step(conn, workflow, row, attempts))
+
+    async def workflow_finished(self, result: WorkflowResult) -> None:
+        """Also records plans and finished steps whose own events were missed."""
+        workflow = _workflow_row(result, self._tenant, [])
+        secrets = secret_values()
+        final = _final_workflow_values(result, secrets)
+        calls = [o.model_dump(mode="json") for o in result.planner_calls]
+        steps = [
+            (_step_row(s, secrets), [_attempt_row(a, secrets) for a in s.attempts])
+            for s in result.steps
+            if s.status in TERMINAL_STEP
+        ]
+
+        def write(conn: Connection) -> None:
+            self._merge_plans(conn, workflow, calls)
+            for row, attempts in steps:
+                self._finish_step(conn, workflow, row, attempts)
+            conn.execute(
+                update(workflow_table)
+                .where(workflow_table.c.id == workflow["id"])
+                .where(workflow_table.c.status.not_in([s.value for s in TERMINAL_WORKFLOW]))
+                .values(final)
+            )
+
+        await self._write(write)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def get_workflow(
+        self, workflow_id: uuid.UUID, *, tenant: str | None = None
+    ) -> WorkflowRow | None:
+        """The workflow, or None; with ``tenant`` also None when it belongs to another tenant."""
+
+        def read() -> WorkflowRow | None:
+            with Session(self._engine) as session:
+                row = session.get(WorkflowRow, workflow_id)
+            return None if row is None or (tenant and row.tenant != tenant) else row
+
+        return await asyncio.to_thread(read)
+
+    async def list_steps(self, workflow_id: uuid.UUID) -> list[StepRow]:
+        def read() -> list[StepRow]:
+            with Session(self._engine) as session:
+                query = select(StepRow).where(col(StepRow.workflow_id) == workflow_id)
+                return list(session.exec(query.order_by(col(StepRow.index))).all())
+
+        return await asyncio.to_thread(read)
+
+    async def list_attempts(self, step_id: uuid.UUID) -> list[AttemptRow]:
+        def read() -> list[AttemptRow]:
+            with Session(self._engine) as session:
+                query = select(AttemptRow).where(col(AttemptRow.step_id) == step_id)
+                return list(session.exec(query.order_by(col(AttemptRow.number))).all())
+
+        return await asyncio.to_thread(read)
+
+    # -- SQL, run in a worker thread ----------------------------------------------------------
+
+    async def _write(self, fn: Callable[[Connection], None]) -> None:
+        def run() -> None:
+            with self._engine.begin() as conn:
+                fn(conn)
+
+        async with self._lock:
+            await asyncio.to_thread(run)
+
+    def _insert(self, table: Table) -> postgresql.Insert | sqlite.Insert:
+        if self._engine.dialect.name == "postgresql":
+            return postgresql.insert(table)
+        return sqlite.insert(table)
+
+    def _ensure_workflow(self, conn: Connection, workflow: Row) -> None:
+        stmt = self._insert(workflow_table).values(workflow)
+        conn.execute(stmt.on_conflict_do_nothing(index_elements=["id"]))
+
+    def _merge_plans(self, conn: Connection, workflow: Row, calls: list[Row]) -> None:
+        """Keep one planner call per round (the first one recorded) and the plan they imply."""
+        self._ensure_workflow(conn, workflow)
+        table = workflow_table
+        query = select(table.c.planner_calls).where(table.c.id == workflow["id"])
+        current: list[Row] = conn.execute(query.with_for_update()).scalar_one()
+        by_round = {call["round"]: call for call in current}
+        for call in calls:
+            by_round.setdefault(call["round"], call)
+        merged = [by_round[r] for r in sorted(by_round)]
+        if merged == current:
+            return
+        values = {
+            "planner_calls": merged,
+            "plan": _executed_plan(merged),
+            "plan_valid": bool(merged) and merged[0]["round"] == 0 and merged[0]["valid"],
+        }
+        conn.execute(update(table).where(table.c.id == workflow["id"]).values(values))
+
+    def _start_step(self, conn: Connection, workflow: Row, row: Row) -> None:
+        self._ensure_workflow(conn, workflow)
+        stmt = self._insert(step_table).values(id=uuid.uuid4(), workflow_id=workflow["id"], **row)
+        conn.execute(stmt.on_conflict_do_nothing(index_elements=["workflow_id", "index"]))
+
+    def _finish_step(self, conn: Connection, workflow: Row, row: Row, attempts: list[Row]) -> None:
+        self._ensure_workflow(conn, workflow)
+        stmt = self._insert(step_table).values(id=uuid.uuid4(), workflow_id=workflow["id"], **row)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["workflow_id", "index"],
+            set_={name: stmt.excluded[name] for name in row if name != "index"},
+            where=step_table.c.status.not_in([s.value for s in TERMINAL_STEP]),
+        )
+        step_id = conn.execute(stmt.returning(step_table.c.id)).scalar_one_or_none()
+        if step_id is None:  # already final: a duplicate delivery
+            return
+        for attempt in attempts:
+            insert = self._insert(attempt_table).values(id=uuid.uuid4(), step_id=step_id, **attempt)
+            conn.execute(insert.on_conflict_do_nothing(index_elements=["step_id", "number"]))

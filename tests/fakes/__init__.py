@@ -1,0 +1,1 @@
+"""Test doubles: in-process stand-ins (scripted) and fake vendor servers on loopback (*_server)."""

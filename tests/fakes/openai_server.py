@@ -1,0 +1,142 @@
+"""A fake OpenAI Chat Completions server that speaks the documented wire format.
+
+Bodies follow https://platform.openai.com/docs/api-reference/chat/object (id, object, created,
+model, choices, usage with prompt_tokens_details.cached_tokens); errors use the OpenAI error
+object ``{"error": {"message", "type", "param", "code"}}``. Routes live under ``/v1`` like the
+real API, so adapters are pointed at ``base_url``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fakes.http_server import RecordedRequest, ScriptedResponse, ScriptedServer
+
+Responder = Callable[[list[dict[str, Any]]], str]
+CHAT_PATH = "/v1/chat/completions"
+
+_ids = itertools.count(1)
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "permission_denied",
+    404: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_exceeded",
+}
+
+
+def echo_responder(messages: list[dict[str, Any]]) -> str:
+    """The default answer: repeats the last user message, so tests can see what arrived."""
+    last_user = next((m for m in reversed(messages) if m.get("role") == "user"), None)
+    return f"echo: {last_user.get('content', '') if last_user else ''}"
+
+
+def completion_body(
+    content: str | None,
+    *,
+    model: str = "gpt-fake",
+    prompt_tokens: int = 10,
+    completion_tokens: int = 5,
+    cached_tokens: int = 0,
+    finish_reason: str = "stop",
+) -> dict[str, Any]:
+    """A ``chat.completion`` object as the API returns it."""
+    return {
+        "id": f"chatcmpl-fake{next(_ids)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "refusal": None},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens, "audio_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": 0},
+        },
+        "system_fingerprint": "fp_fake",
+    }
+
+
+def error_body(
+    message: str, *, type_: str = "invalid_request_error", code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+
+
+def completion(content: str | None, *, delay_s: float = 0.0, **fields: Any) -> ScriptedResponse:
+    """A scripted 200; ``fields`` go to ``completion_body`` (tokens, model, finish_reason)."""
+    return ScriptedResponse(json=completion_body(content, **fields), delay_s=delay_s)
+
+
+def error(
+    status: int,
+    message: str,
+    *,
+    code: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> ScriptedResponse:
+    """A scripted error response carrying the OpenAI error object."""
+    type_ = _ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return ScriptedResponse(
+        status=status,
+        json=error_body(message, type_=type_, code=code),
+        headers=dict(headers or {}),
+    )
+
+
+class FakeOpenAIServer(ScriptedServer):
+    """Answers ``POST /v1/chat/completions`` with ``responder(messages)`` unless a script is queued.
+
+    Usage in the default answer counts whitespace-separated words, so it is deterministic and
+    non-zero.
+    """
+
+    def __init__(self, responder: Responder = echo_responder) -> None:
+        super().__init__()
+        self.default_responder = responder
+        self.responder = responder
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def reset(self) -> None:
+        super().reset()
+        self.responder = self.default_responder
+
+    @property
+    def chat_requests(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.method == "POST" and r.path == CHAT_PATH]
+
+    def default_response(self, request: RecordedRequest) -> ScriptedResponse:
+        if request.path != CHAT_PATH:
+            return error(404, f"Invalid URL ({request.method} {request.path})")
+        if request.method != "POST":
+            return error(405, f"Method {request.method} not allowed on {request.path}")
+        body = request.json
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return error(400, "'messages' is a required property")
+        if not isinstance(body.get("model"), str):
+            return error(400, "you must provide a model parameter")
+        messages: list[dict[str, Any]] = body["messages"]
+        content = self.responder(messages)
+        prompt = sum(len(str(m.get("content", "")).split()) + 4 for m in messages)
+        return completion(
+            content,
+            model=body["model"],
+            prompt_tokens=prompt,
+            completion_tokens=len(content.split()),
+        )
