@@ -11,7 +11,6 @@ import re
 from collections.abc import Sequence
 
 import pytest
-from fakes.scripted import ScriptedBackend, ScriptedWorker, lists
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +21,8 @@ from conductor.profiles import BUILTIN_PROFILES, Profile
 from conductor.workflow import StepKind, StepStatus, WorkflowResult, WorkflowStatus
 from conductor_aggregator.executor import WorkflowExecutor
 from conductor_planner import ConductorPlanner
+
+from fakes.scripted import ScriptedBackend, ScriptedWorker, lists
 
 ULTRA = BUILTIN_PROFILES["conductor-ultra"]
 NAMES = ["alpha", "beta", "gamma"]

@@ -12,8 +12,6 @@ from typing import Any
 
 import httpx
 import pytest
-from fakes.http_server import ScriptedResponse
-from fakes.openai_server import FakeOpenAIServer, completion, completion_body, error
 
 from conductor.chat import ChatMessage
 from conductor.errors import (
@@ -31,6 +29,9 @@ from conductor.pool import Provider, WorkerSpec
 from conductor.ports import ChatWorker, PlanFormat, PlannerBackend
 from conductor_gateway.openai_compat import OpenAICompatibleWorker
 from conductor_planner.backends.openai import OpenAIPlannerBackend
+
+from fakes.http_server import ScriptedResponse
+from fakes.openai_server import FakeOpenAIServer, completion, completion_body, error
 
 KEY = "sk-test-SECRET-0123456789"
 KEY_ENV = "FAKE_OPENAI_API_KEY"

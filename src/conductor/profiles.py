@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from conductor.errors import ConfigurationError
+from conductor.errors import InvalidRequest
 
 MAX_STEPS_LIMIT = 5  # the protocol's bound on steps per plan
 
@@ -51,4 +51,4 @@ def get_profile(name: str, extra: dict[str, Profile] | None = None) -> Profile:
         return profiles[name]
     except KeyError:
         known = ", ".join(sorted(profiles))
-        raise ConfigurationError(f"unknown variant {name!r} (known: {known})") from None
+        raise InvalidRequest(f"unknown variant {name!r} (known: {known})") from None

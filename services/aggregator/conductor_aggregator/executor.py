@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from conductor.chat import Usage
-from conductor.errors import ConfigurationError
+from conductor.errors import ConfigurationError, InvalidRequest
 from conductor.orchestration import (
     CONDUCTOR_WORKER,
     build_messages,
@@ -44,6 +44,13 @@ CONDUCTOR_ENTRY = PoolEntry(name=CONDUCTOR_WORKER, description="the Conductor", 
 
 class WorkflowFailed(Exception):
     """Ends a workflow in the failed state with a reason users can read."""
+
+
+def check_question(question: str) -> None:
+    if not question.strip():
+        raise InvalidRequest("the question is empty")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise InvalidRequest(f"the question is longer than {MAX_QUESTION_CHARS} characters")
 
 
 def _now() -> datetime:
@@ -76,10 +83,7 @@ class WorkflowExecutor:
     async def run(
         self, question: str, profile: Profile, *, workflow_id: uuid.UUID | None = None
     ) -> WorkflowResult:
-        if not question.strip():
-            raise ValueError("the question is empty")
-        if len(question) > MAX_QUESTION_CHARS:
-            raise ValueError(f"the question is longer than {MAX_QUESTION_CHARS} characters")
+        check_question(question)
         if not self.entries:
             raise ConfigurationError("no worker in the pool can be called")
         result = WorkflowResult(
@@ -104,6 +108,9 @@ class WorkflowExecutor:
             result.status = WorkflowStatus.COMPLETED
         except WorkflowFailed as exc:
             result.status, result.error = WorkflowStatus.FAILED, str(exc)
+        except asyncio.CancelledError:
+            result.status, result.error = WorkflowStatus.FAILED, "cancelled before it finished"
+            raise
         except Exception as exc:  # recorded, never lost: the trace says what went wrong
             result.status = WorkflowStatus.FAILED
             result.error = f"internal error: {type(exc).__name__}: {exc}"

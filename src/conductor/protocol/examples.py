@@ -1,5 +1,9 @@
 """Four few-shot examples, written for this project (the paper's most damaging ablation is
-removing them). They use a sample team of their own so they fit any pool the user has."""
+removing them). They use a sample team of their own so they fit any pool the user has.
+
+Subtasks refer to "the question" rather than restating it: a small Conductor copies example
+subtasks verbatim, and a copied subtask must still point its worker at the user's question.
+"""
 
 from __future__ import annotations
 
@@ -39,17 +43,17 @@ EXAMPLES: tuple[FewShotExample, ...] = (
             "with the full solution in view."
         ),
         plan=_plan(
-            (0, "Solve the word problem step by step and state both amounts in dollars.", ()),
+            (0, "Solve the problem in the question step by step and state the final answer.", ()),
             (
                 0,
-                "Check the solution above for arithmetic mistakes. Reply with the corrected "
-                "final answer: the cost of 27 pens and the amount saved.",
+                "Check the solution above for mistakes and reply with the corrected final "
+                "answer to the question.",
                 (ALL,),
             ),
         ),
         routing_reasoning="Arithmetic: the mathematician is the best single choice.",
         routing_plan=_plan(
-            (0, "Solve step by step and state the cost and the saving in dollars.", ())
+            (0, "Solve the problem in the question step by step and state the final answer.", ())
         ),
     ),
     FewShotExample(
@@ -62,18 +66,22 @@ EXAMPLES: tuple[FewShotExample, ...] = (
             "writes the code after seeing the algorithm; the review sees everything."
         ),
         plan=_plan(
-            (0, "Describe an O(n log n) algorithm for this problem, with a short argument.", ()),
-            (2, "Implement the algorithm above as a Python function with type hints.", (0,)),
+            (
+                0,
+                "Describe an efficient algorithm for the task in the question, briefly argued.",
+                (),
+            ),
+            (2, "Implement the algorithm above in Python, as the question asks.", (0,)),
             (
                 2,
-                "Review the function above against the task, fix any bug, and return only the "
-                "final Python code.",
+                "Review the code above against the question, fix any bug, and return only "
+                "the final code.",
                 (ALL,),
             ),
         ),
         routing_reasoning="A coding task: route it to the programmer.",
         routing_plan=_plan(
-            (2, "Write the O(n log n) Python function with type hints and return only code.", ())
+            (2, "Write the code the question asks for and return only the code.", ())
         ),
     ),
     FewShotExample(
@@ -95,18 +103,16 @@ EXAMPLES: tuple[FewShotExample, ...] = (
             "writes the recommendation."
         ),
         plan=_plan(
-            (2, "Explain the time and memory cost of bubble sort on one million numbers.", ()),
-            (0, "Explain the time and memory cost of merge sort on one million numbers.", ()),
+            (2, "Analyse the first option the question names: its costs and strengths.", ()),
+            (0, "Analyse the second option the question names: its costs and strengths.", ()),
             (
                 1,
-                "Using the two analyses above, compare the algorithms and recommend one in "
+                "Using the two analyses above, compare the options and recommend one in "
                 "three sentences.",
                 (0, 1),
             ),
         ),
         routing_reasoning="An algorithms question: the programmer knows both well.",
-        routing_plan=_plan(
-            (2, "Compare bubble sort and merge sort on one million numbers; recommend one.", ())
-        ),
+        routing_plan=_plan((2, "Compare the options the question names and recommend one.", ())),
     ),
 )

@@ -1,0 +1,32 @@
+"""Builds the callable workers of a pool: one client per available worker spec."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from conductor.errors import ConfigurationError
+from conductor.llamacpp import EngineOptions, get_engine
+from conductor.pool import Pool, Provider, WorkerSpec
+from conductor.ports import ChatWorker
+from conductor_gateway.local_llamacpp import LlamaCppWorker
+from conductor_gateway.openai_compat import OpenAICompatibleWorker
+
+
+def build_worker(
+    spec: WorkerSpec, engine_options: EngineOptions, environ: Mapping[str, str] = os.environ
+) -> ChatWorker:
+    if spec.provider is Provider.LLAMACPP:
+        return LlamaCppWorker(spec.name, get_engine(spec.model, engine_options))
+    if spec.provider in (Provider.OPENAI, Provider.OPENAI_COMPATIBLE):
+        return OpenAICompatibleWorker.from_spec(spec, environ)
+    raise ConfigurationError(f"worker {spec.name!r}: no adapter for {spec.provider.value!r} yet")
+
+
+def build_workers(
+    pool: Pool, engine_options: EngineOptions, environ: Mapping[str, str] = os.environ
+) -> dict[str, ChatWorker]:
+    """Clients for the workers that can be called here; the others are left out, not faked."""
+    return {
+        spec.name: build_worker(spec, engine_options, environ) for spec in pool.available(environ)
+    }

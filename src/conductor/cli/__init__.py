@@ -1,0 +1,31 @@
+"""The ``conductor`` command. Each role of the system starts from here (CONVENTIONS 4)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from conductor.cli.ask import ask
+from conductor.cli.db import db_app
+from conductor.cli.pool import pool
+from conductor.errors import ConductorError
+
+app = typer.Typer(
+    name="conductor",
+    help="Orchestrate a pool of LLMs with a learned planner, the Conductor.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command()(ask)
+app.command()(pool)
+app.add_typer(db_app, name="db")
+
+
+def main() -> None:
+    try:
+        app()
+    except ConductorError as exc:
+        print(f"conductor: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

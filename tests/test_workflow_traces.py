@@ -1,0 +1,88 @@
+"""Workflows run by the executor leave complete traces, invalid Conductor output included."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from conductor.pool import Pool, Price, Provider, WorkerSpec
+from conductor.profiles import BUILTIN_PROFILES
+from conductor.traces.db import make_engine, upgrade
+from conductor.traces.store import TraceStore
+from conductor_aggregator.executor import WorkflowExecutor
+from conductor_planner import ConductorPlanner
+
+from fakes.scripted import ScriptedBackend, ScriptedWorker, lists
+
+NAMES = ["alpha", "beta"]
+POOL = Pool(
+    workers=tuple(
+        WorkerSpec(
+            name=n,
+            provider=Provider.OPENAI_COMPATIBLE,
+            model=n,
+            base_url="http://127.0.0.1:9",
+            price=Price(input=1.0, output=4.0),
+        )
+        for n in NAMES
+    )
+)
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[TraceStore]:
+    upgrade(database_url)
+    engine = make_engine(database_url)
+    yield TraceStore(engine)
+    engine.dispose()
+
+
+def _executor(outputs: list[str], store: TraceStore) -> WorkflowExecutor:
+    return WorkflowExecutor(
+        planner=ConductorPlanner(ScriptedBackend(outputs=outputs)),
+        pool=POOL,
+        workers={n: ScriptedWorker(n) for n in NAMES},
+        observers=[store],
+    )
+
+
+async def test_invalid_conductor_output_is_recorded_as_invalid(store: TraceStore) -> None:
+    garbage = "model_id = [9]\nsubtasks = ['x']\naccess_list = [[]]"
+
+    result = await _executor([garbage], store).run(
+        "What is 2+2?", BUILTIN_PROFILES["conductor-ultra"]
+    )
+
+    row = await store.get_workflow(result.workflow_id)
+    assert row is not None
+    assert row.status == "completed"
+    assert row.plan_valid is False
+    (call,) = row.planner_calls
+    assert call["valid"] is False
+    assert call["raw_output"] == garbage
+    assert any("not in the pool" in e for e in call["errors"])
+    assert [(p["worker"], p["subtask"]) for p in row.plan] == [("alpha", "Answer the question.")]
+
+
+async def test_trace_totals_equal_steps_plus_conductor(store: TraceStore) -> None:
+    plan = lists([0, 1, 0], ["a", "b", "c"], [[], [], ["all"]])
+
+    result = await _executor([plan], store).run("q", BUILTIN_PROFILES["conductor-ultra"])
+
+    row = await store.get_workflow(result.workflow_id)
+    assert row is not None
+    steps = await store.list_steps(result.workflow_id)
+    assert [s.index for s in steps] == [0, 1, 2]
+    assert row.plan_valid is True
+    conductor_tokens = sum(
+        c["usage"]["prompt_tokens"] + c["usage"]["completion_tokens"] for c in row.planner_calls
+    )
+    assert row.total_tokens == conductor_tokens + sum(
+        s.prompt_tokens + s.completion_tokens for s in steps
+    )
+    assert row.cost_usd == pytest.approx(sum(s.cost_usd for s in steps))
+    for step in steps:
+        attempts = await store.list_attempts(step.id)
+        assert [a.status for a in attempts] == ["ok"]
+    assert row.answer == result.answer
