@@ -181,6 +181,59 @@ async def post_chat(
         raise MalformedResponse(f"{name}: {exc}", status_code=response.status_code) from exc
 
 
+# No hidden cap on connections: the gateway's concurrency quota decides how many calls are in
+# flight, and a pool limit here would surface as spurious PoolTimeouts under load.
+DEFAULT_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=100)
+
+
+class OpenAIChatClient:
+    """One Chat Completions endpoint: URL, key and an HTTP client, owned or borrowed.
+
+    Shared by the worker adapter and the planner backend, which differ only in what they ask.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        client: httpx.AsyncClient | None = None,
+        provider: str | None = None,
+    ) -> None:
+        self.model = model
+        self.timeout_s = timeout_s
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.provider = provider
+        self._headers = auth_headers(api_key)
+        self._owns_client = client is None
+        self._client = client if client is not None else httpx.AsyncClient(limits=DEFAULT_LIMITS)
+
+    async def chat(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        temperature: float,
+        response_format: Mapping[str, Any] | None = None,
+    ) -> Completion:
+        payload = build_chat_request(
+            self.model, messages, max_tokens, temperature, response_format=response_format
+        )
+        return await post_chat(
+            self._client, self.url, self._headers, payload, self.timeout_s, provider=self.provider
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this object created it; a borrowed one is its owner's."""
+        if self._owns_client:
+            await self._client.aclose()
+
+    def __repr__(self) -> str:  # never the headers: they hold the key
+        return f"OpenAIChatClient(model={self.model!r}, url={self.url!r})"
+
+
 def auth_headers(api_key: str | None) -> dict[str, str]:
     """``Authorization: Bearer`` when a key is set; keyless local servers get no header at all."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}

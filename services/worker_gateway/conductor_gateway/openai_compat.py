@@ -14,14 +14,10 @@ import httpx
 
 from conductor.chat import ChatMessage, Completion
 from conductor.errors import ConfigurationError, WorkerUnavailable
-from conductor.openai_wire import auth_headers, build_chat_request, post_chat
+from conductor.openai_wire import OpenAIChatClient
 from conductor.pool import Provider, WorkerSpec
 
 OPENAI_PROVIDERS = frozenset({Provider.OPENAI, Provider.OPENAI_COMPATIBLE})
-
-# No hidden cap on connections: the gateway's concurrency quota decides how many calls are in
-# flight, and a pool limit here would surface as spurious PoolTimeouts under load.
-DEFAULT_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=100)
 
 
 class OpenAICompatibleWorker:
@@ -39,11 +35,14 @@ class OpenAICompatibleWorker:
     ) -> None:
         self.name = name
         self.model = model
-        self.timeout_s = timeout_s
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self._headers = auth_headers(api_key)
-        self._owns_client = client is None
-        self._client = client if client is not None else httpx.AsyncClient(limits=DEFAULT_LIMITS)
+        self._chat = OpenAIChatClient(
+            base_url=base_url,
+            model=model,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            client=client,
+            provider=f"worker {name!r}",
+        )
 
     @classmethod
     def from_spec(
@@ -88,20 +87,10 @@ class OpenAICompatibleWorker:
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> Completion:
-        payload = build_chat_request(self.model, messages, max_tokens, temperature)
-        return await post_chat(
-            self._client,
-            self.url,
-            self._headers,
-            payload,
-            self.timeout_s,
-            provider=f"worker {self.name!r}",
-        )
+        return await self._chat.chat(messages, max_tokens=max_tokens, temperature=temperature)
 
     async def aclose(self) -> None:
-        """Close the HTTP client if this worker created it; a borrowed one is its owner's."""
-        if self._owns_client:
-            await self._client.aclose()
+        await self._chat.aclose()
 
     def __repr__(self) -> str:  # never the headers: they hold the key
-        return f"OpenAICompatibleWorker(name={self.name!r}, model={self.model!r}, url={self.url!r})"
+        return f"OpenAICompatibleWorker(name={self.name!r}, {self._chat!r})"

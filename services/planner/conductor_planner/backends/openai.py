@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from conductor.chat import ChatMessage, Completion
-from conductor.openai_wire import auth_headers, build_chat_request, post_chat
+from conductor.openai_wire import OpenAIChatClient
 from conductor.ports import PlanFormat
 
 SCHEMA_NAME = "conductor_plan"
@@ -38,11 +38,14 @@ class OpenAIPlannerBackend:
         self.model = model
         self.structured = structured
         self.plan_format = PlanFormat.JSON if structured else PlanFormat.LISTS
-        self.timeout_s = timeout_s
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self._headers = auth_headers(api_key)
-        self._owns_client = client is None
-        self._client = client if client is not None else httpx.AsyncClient()
+        self._chat = OpenAIChatClient(
+            base_url=base_url,
+            model=model,
+            api_key=api_key,
+            timeout_s=timeout_s,
+            client=client,
+            provider=f"planner backend {self.name!r} ({model})",
+        )
 
     async def generate(
         self,
@@ -61,24 +64,15 @@ class OpenAIPlannerBackend:
                 "type": "json_schema",
                 "json_schema": {"name": SCHEMA_NAME, "schema": json_schema, "strict": True},
             }
-        payload = build_chat_request(
-            self.model, messages, max_tokens, temperature, response_format=response_format
-        )
-        return await post_chat(
-            self._client,
-            self.url,
-            self._headers,
-            payload,
-            self.timeout_s,
-            provider=f"planner backend {self.name!r} ({self.model})",
+        return await self._chat.chat(
+            messages,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            response_format=response_format,
         )
 
     async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.aclose()
+        await self._chat.aclose()
 
     def __repr__(self) -> str:  # never the headers: they hold the key
-        return (
-            f"OpenAIPlannerBackend(model={self.model!r}, url={self.url!r}, "
-            f"structured={self.structured})"
-        )
+        return f"OpenAIPlannerBackend({self._chat!r}, structured={self.structured})"
