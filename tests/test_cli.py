@@ -88,6 +88,8 @@ def test_ask_prints_plan_steps_answer_and_totals(tmp_path: Path) -> None:
         (["ask", "hi"], {"CONDUCTOR_LOCAL_MODEL": "/nowhere/model.gguf"}, "not found"),
         (["ask", "hi"], {"CONDUCTOR_POOL_FILE": "/nowhere/pool.yaml"}, "cannot read pool file"),
         (["ask", "hi"], {"CONDUCTOR_PLANNER_BACKEND": "vllm"}, "not available in this release"),
+        (["ask", "hi"], {"CONDUCTOR_PLANNER_BACKEND": "gpt"}, "CONDUCTOR_PLANNER_BACKEND: Input"),
+        (["ask", "hi"], {"CONDUCTOR_LLAMACPP_THREADS": "0"}, "CONDUCTOR_LLAMACPP_THREADS: Input"),
     ],
 )
 def test_bad_input_is_a_clear_error_not_a_traceback(
@@ -121,3 +123,29 @@ def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:
     finally:
         db.close()
     assert {"workflow", "step", "attempt"} <= tables
+
+
+@pytest.mark.model
+def test_a_local_worker_on_a_gguf_path_the_user_names(tmp_path: Path) -> None:
+    from conductor.llamacpp import smollm2_gguf_path
+
+    pool = tmp_path / "pool.yaml"
+    pool.write_text(
+        "workers:\n"
+        "  my-gguf:\n"
+        "    provider: llamacpp\n"
+        f"    model: {smollm2_gguf_path()}\n"
+        "    description: A local model from a file.\n"
+        "    max_tokens: 48\n"
+    )
+
+    done = _run(
+        ["ask", "Say hi.", "--variant", "conductor-mini", "--json"],
+        tmp_path,
+        CONDUCTOR_POOL_FILE=str(pool),
+    )
+
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert [s["worker"] for s in out["plan"]] == ["my-gguf"]
+    assert out["steps"][0]["usage"]["completion_tokens"] <= 48

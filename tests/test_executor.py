@@ -7,9 +7,11 @@ executor are the real ones.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from collections.abc import Sequence
 
+import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 from conductor.chat import ChatMessage
 from conductor.errors import ProviderUnavailable
 from conductor.pool import Pool, Price, Provider, WorkerSpec
+from conductor.ports import PlanFormat
 from conductor.profiles import BUILTIN_PROFILES, Profile
 from conductor.workflow import StepKind, StepStatus, WorkflowResult, WorkflowStatus
 from conductor_aggregator.executor import WorkflowExecutor
@@ -155,6 +158,8 @@ async def test_recursion_stops_at_its_bound(first_steps: int, rounds: int) -> No
     assert result.status is WorkflowStatus.COMPLETED, result.error
     first_plan = len(result.planner_calls[0].plan.steps)
     assert len(result.planner_calls) <= 1 + rounds
+    # It does recurse when it may: this Conductor always names itself when offered.
+    assert len(result.planner_calls) >= (2 if rounds else 1)
     assert len(result.steps) < 2 * first_plan
     assert all(call.valid for call in result.planner_calls)
     # The last round is never offered the Conductor, so the workflow ends on a worker's answer.
@@ -276,3 +281,95 @@ async def test_bad_questions_are_refused_before_anything_runs(question: str) -> 
     with pytest.raises(ValueError, match="question"):
         await executor.run(question, ULTRA)
     assert backend.requests == []
+
+
+async def test_later_round_numbers_are_local_and_all_reaches_back() -> None:
+    first = lists([0, 1, 3], ["A", "B", "Review."], [[], [], ["all"]])
+    second = lists([2, 0], ["C", "D"], [[], [0]])
+    workers = [ScriptedWorker(n) for n in NAMES]
+    executor, _ = _executor([first, second], workers)
+
+    result = await executor.run("q", ULTRA)
+
+    assert [s.index for s in result.steps] == [0, 1, 2, 3, 4]
+    # Round 1's "[0]" is its own first step (global 3), never round 0's step 0.
+    assert result.steps[4].visible_steps == [3]
+    assert result.steps[3].visible_steps == []
+
+
+async def test_a_failure_before_the_conductor_step_leaves_no_step_unfinished() -> None:
+    workers = [
+        ScriptedWorker("alpha", fail_with=ProviderUnavailable("down")),
+        ScriptedWorker("beta"),
+        ScriptedWorker("gamma"),
+    ]
+    executor, _ = _executor([lists([0, 3], ["Solve.", "Review."], [[], ["all"]])], workers)
+
+    result = await executor.run("q", ULTRA)
+
+    assert result.status is WorkflowStatus.FAILED
+    assert [s.status for s in result.steps] == [StepStatus.FAILED, StepStatus.CANCELLED]
+    assert all(s.finished_at is not None for s in result.steps)
+
+
+async def test_an_empty_last_answer_is_the_answer() -> None:
+    workers = [
+        ScriptedWorker("alpha"),
+        ScriptedWorker("beta", answer=lambda _: ""),
+        ScriptedWorker("gamma"),
+    ]
+    executor, _ = _executor([lists([0, 1], ["draft", "final"], [[], ["all"]])], workers)
+
+    result = await executor.run("q", ULTRA)
+
+    assert result.status is WorkflowStatus.COMPLETED
+    assert result.answer == ""
+
+
+class _BrokenObserver:
+    async def workflow_started(self, *args: object) -> None:
+        raise RuntimeError("database unreachable")
+
+    plan_ready = step_started = step_finished = workflow_finished = workflow_started
+
+
+async def test_a_failing_observer_does_not_lose_the_answer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    workers = [ScriptedWorker(n) for n in NAMES]
+    executor = WorkflowExecutor(
+        planner=ConductorPlanner(ScriptedBackend(outputs=[lists([0], ["a"], [[]])])),
+        pool=_pool(),
+        workers={w.name: w for w in workers},
+        observers=[_BrokenObserver()],  # type: ignore[list-item]
+    )
+
+    result = await executor.run("q", ULTRA)
+
+    assert result.status is WorkflowStatus.COMPLETED
+    assert result.answer == "alpha-answer-1"
+    assert "database unreachable" in caplog.text
+
+
+async def test_recursion_under_the_json_schema_lets_the_new_first_step_see_earlier_rounds() -> None:
+    def step(model_id: int, subtask: str, access: list[object]) -> dict[str, object]:
+        return {"model_id": model_id, "subtask": subtask, "access_list": access}
+
+    first = {"reasoning": "r", "steps": [step(0, "Solve.", []), step(3, "Review.", ["all"])]}
+    second = {"reasoning": "r", "steps": [step(1, "Check the answer above.", ["all"])]}
+    backend = ScriptedBackend(
+        outputs=[json.dumps(first), json.dumps(second)], plan_format=PlanFormat.JSON
+    )
+    workers = [ScriptedWorker(n) for n in NAMES]
+    executor = WorkflowExecutor(
+        planner=ConductorPlanner(backend), pool=_pool(), workers={w.name: w for w in workers}
+    )
+
+    result = await executor.run("q", ULTRA)
+
+    # Each output is one the constrained decoder could have produced under its round's schema.
+    for request, output in zip(backend.requests, (first, second), strict=True):
+        jsonschema.validate(output, request["json_schema"])
+    assert all(call.valid for call in result.planner_calls)
+    assert result.steps[2].visible_steps == [0]
+    assert "alpha-answer-1" in workers[1].calls[0].messages[1].content

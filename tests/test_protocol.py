@@ -281,7 +281,7 @@ def _near_valid_steps(draw: st.DrawFn) -> list[dict[str, Any]]:
         steps.append(
             {
                 "model_id": draw(st.sampled_from([0, 1, 2, 3, 0, 1, 2, 0, 1, 2, -1, 4])),
-                "subtask": draw(st.sampled_from(["do it", "check it", "go", "do it", ""])),
+                "subtask": draw(st.sampled_from(["do it", "check it", "go", "do it", "", "  "])),
                 "access_list": access,
             }
         )
@@ -325,3 +325,33 @@ def test_schema_admits_parallel_steps_and_a_final_conductor() -> None:
     assert _schema_accepts(schema, review)
     assert not _schema_accepts(schema, [review[1]])
     assert not _schema_accepts(schema, [review[1], review[0]])
+
+
+def test_schema_refuses_blank_subtasks() -> None:
+    schema = plan_schema(worker_ids=[0], max_steps=2)
+    assert not _schema_accepts(schema, [{"model_id": 0, "subtask": "   ", "access_list": []}])
+    assert _schema_accepts(schema, [{"model_id": 0, "subtask": "Do it.\n", "access_list": []}])
+
+
+def test_only_a_recursion_round_lets_its_first_step_see_everything_earlier() -> None:
+    first_step = [{"model_id": 0, "subtask": "Check the answer.", "access_list": ["all"]}]
+    round_zero = plan_schema(worker_ids=[0], max_steps=2)
+    later_round = plan_schema(worker_ids=[0], max_steps=2, allow_stop=True)
+    assert not _schema_accepts(round_zero, first_step)
+    assert _schema_accepts(later_round, first_step)
+    assert _schema_accepts(later_round, [])
+
+
+def test_a_broken_json_object_does_not_hide_a_later_plan() -> None:
+    plan = '{"steps": [{"model_id": 0, "subtask": "a", "access_list": []}]}'
+    for junk in ('{"n": 1' + "0" * 5000 + "}", "{" * 3000 + "}" * 3000):
+        assert parse_plan(f"{junk} then {plan}") == ParsedLists([0], ["a"], [[]], "json-steps")
+
+
+@pytest.mark.timeout(30)
+def test_repetitive_output_is_parsed_in_bounded_work() -> None:
+    # Without a bound on the occurrences tried, this input takes minutes (quadratic scan).
+    result = parse_plan(
+        "model_id = [" * 8000 + "\nmodel_id = [1]\nsubtasks = ['a']\naccess_list = [[]]"
+    )
+    assert result == ParsedLists([1], ["a"], [[]], "lists")

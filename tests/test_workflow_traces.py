@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -86,3 +89,42 @@ async def test_trace_totals_equal_steps_plus_conductor(store: TraceStore) -> Non
         attempts = await store.list_attempts(step.id)
         assert [a.status for a in attempts] == ["ok"]
     assert row.answer == result.answer
+
+
+async def test_cancelling_during_a_replan_leaves_no_step_running(store: TraceStore) -> None:
+    first = lists([0, 2], ["Solve.", "Review."], [[], ["all"]])
+    backend = ScriptedBackend(outputs=[first])
+    replanning = asyncio.Event()
+    original = backend.generate
+
+    async def slow_second_call(*args: Any, **kwargs: Any) -> Any:
+        if backend.requests:  # the first call is done: this is the re-plan
+            replanning.set()
+            await asyncio.sleep(60)
+        return await original(*args, **kwargs)
+
+    backend.generate = slow_second_call  # type: ignore[method-assign]
+    executor = WorkflowExecutor(
+        planner=ConductorPlanner(backend),
+        pool=POOL,
+        workers={n: ScriptedWorker(n) for n in NAMES},
+        observers=[store],
+    )
+    workflow_id = uuid.uuid4()
+    task = asyncio.create_task(
+        executor.run("q", BUILTIN_PROFILES["conductor-ultra"], workflow_id=workflow_id)
+    )
+    await asyncio.wait_for(replanning.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    row = await store.get_workflow(workflow_id)
+    assert row is not None
+    steps = await store.list_steps(workflow_id)
+    assert row.status == "failed"
+    assert row.error == "cancelled before it finished"
+    assert [(s.kind, s.status) for s in steps] == [
+        ("worker", "succeeded"),
+        ("conductor", "cancelled"),
+    ]

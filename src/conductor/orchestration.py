@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from conductor.chat import ChatMessage
-from conductor.workflow import ALL, AccessEntry, StepKind, StepRecord, StepStatus
+from conductor.workflow import ALL, AccessEntry, StepKind, StepRecord
 
 CONDUCTOR_WORKER = "conductor"
 
@@ -67,15 +67,9 @@ def _is_first_of_round(step: StepRecord, steps_by_index: dict[int, StepRecord]) 
     return not any(s.round == step.round and s.index < step.index for s in steps_by_index.values())
 
 
-def is_ready(step: StepRecord, steps_by_index: dict[int, StepRecord]) -> bool:
-    return step.status is StepStatus.PENDING and all(
-        steps_by_index[i].status is StepStatus.SUCCEEDED for i in step.visible_steps
-    )
-
-
 def recursion_budget(first_plan_steps: int) -> int:
     """Most steps a workflow may run across rounds: fewer than twice the first plan's calls."""
-    return max(2 * first_plan_steps - 1, first_plan_steps)
+    return 2 * first_plan_steps - 1
 
 
 def round_limits(

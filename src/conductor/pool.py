@@ -85,7 +85,6 @@ class WorkerSpec(BaseModel):
     max_tokens: int = Field(default=1024, gt=0)
     temperature: float = Field(default=0.2, ge=0, le=2)
     timeout_s: float = Field(default=120.0, gt=0)
-    fallbacks: tuple[str, ...] = ()
 
     @field_validator("name")
     @classmethod
@@ -140,9 +139,6 @@ class Pool(BaseModel):
             if reason is not None:
                 out.append((worker, reason))
         return out
-
-    def restricted_to(self, names: list[str]) -> Pool:
-        return Pool(workers=tuple(self.get(name) for name in names))
 
 
 def local_worker(model: str = BUILTIN_SMOLLM2) -> WorkerSpec:

@@ -65,7 +65,10 @@ async def open_embedded_runtime(
     except BaseException:
         db.dispose()
         raise
-    store = TraceStore(db)
+    key_variables = [w.api_key_env for w in pool.workers if w.api_key_env]
+    if settings.planner_api_key_env:
+        key_variables.append(settings.planner_api_key_env)
+    store = TraceStore(db, secret_env_names=key_variables)
     executor = WorkflowExecutor(
         planner=ConductorPlanner(backend),
         pool=pool,

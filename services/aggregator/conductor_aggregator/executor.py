@@ -9,9 +9,10 @@ event as it happens; the trace store and the CLI are observers.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,6 +38,8 @@ from conductor.workflow import (
     WorkflowResult,
     WorkflowStatus,
 )
+
+logger = logging.getLogger(__name__)
 
 MAX_QUESTION_CHARS = 100_000
 CONDUCTOR_ENTRY = PoolEntry(name=CONDUCTOR_WORKER, description="the Conductor", is_conductor=True)
@@ -97,14 +100,14 @@ class WorkflowExecutor:
         )
         started = time.perf_counter()
         snapshot = [self.pool.get(e.name).snapshot() for e in self.entries]
-        for observer in self.observers:
-            await observer.workflow_started(result, snapshot)
+        await self._notify(lambda o: o.workflow_started(result, snapshot))
         try:
             await self._orchestrate(result, profile)
-            answers = [s for s in result.steps if s.kind is StepKind.WORKER and s.output]
-            if not answers:
+            worker_steps = [s for s in result.steps if s.kind is StepKind.WORKER]
+            if not worker_steps:
                 raise WorkflowFailed("no step produced an answer")
-            result.answer = answers[-1].output
+            # The last step's answer is the answer, even when it is empty.
+            result.answer = worker_steps[-1].output or ""
             result.status = WorkflowStatus.COMPLETED
         except WorkflowFailed as exc:
             result.status, result.error = WorkflowStatus.FAILED, str(exc)
@@ -115,10 +118,24 @@ class WorkflowExecutor:
             result.status = WorkflowStatus.FAILED
             result.error = f"internal error: {type(exc).__name__}: {exc}"
         finally:
+            # Every step ends in a terminal state: those a failure or cancellation left
+            # pending or running (a Conductor step included) are recorded as cancelled.
+            for step in result.steps:
+                if step.status in (StepStatus.PENDING, StepStatus.RUNNING):
+                    step.status = StepStatus.CANCELLED
+                    await self._mark_finished(result, step)
             self._finish_totals(result, started)
-            for observer in self.observers:
-                await observer.workflow_finished(result)
+            await self._notify(lambda o: o.workflow_finished(result))
         return result
+
+    async def _notify(self, event: Callable[[WorkflowObserver], Awaitable[None]]) -> None:
+        """Tell every observer. One that fails is logged and skipped: the workflow and the
+        other observers carry on (an unreachable trace database must not lose the answer)."""
+        for observer in self.observers:
+            try:
+                await event(observer)
+            except Exception:
+                logger.exception("observer %s failed; continuing", type(observer).__name__)
 
     async def _orchestrate(self, result: WorkflowResult, profile: Profile) -> None:
         round_no = 0
@@ -178,8 +195,7 @@ class WorkflowExecutor:
             await self._mark_finished(result, conductor_step)
             return None
         result.planner_calls.append(outcome)
-        for observer in self.observers:
-            await observer.plan_ready(result, outcome)
+        await self._notify(lambda o: o.plan_ready(result, outcome))
         if conductor_step is not None:
             conductor_step.status = StepStatus.SUCCEEDED
             conductor_step.latency_ms = outcome.latency_ms
@@ -209,29 +225,25 @@ class WorkflowExecutor:
     async def _run_round(
         self, result: WorkflowResult, records: list[StepRecord], profile: Profile
     ) -> None:
+        """Runs a round's worker steps; on a failure the others are cancelled (and recorded as
+        such by ``run``)."""
         finished = {r.index: asyncio.Event() for r in records}
         by_index = {s.index: s for s in result.steps}
         offset = records[0].index if records else 0
-        try:
-            if profile.parallel:
-                tasks = [
-                    asyncio.create_task(self._run_step(result, r, finished, by_index, offset))
-                    for r in records
-                ]
-                try:
-                    await asyncio.gather(*tasks)
-                finally:
-                    for task in tasks:
-                        task.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
-            else:
-                for record in records:
-                    await self._run_step(result, record, finished, by_index, offset)
-        finally:
+        if not profile.parallel:
             for record in records:
-                if record.status in (StepStatus.PENDING, StepStatus.RUNNING):
-                    record.status = StepStatus.CANCELLED
-                    await self._mark_finished(result, record)
+                await self._run_step(result, record, finished, by_index, offset)
+            return
+        tasks = [
+            asyncio.create_task(self._run_step(result, r, finished, by_index, offset))
+            for r in records
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run_step(
         self,
@@ -293,13 +305,11 @@ class WorkflowExecutor:
 
     async def _mark_started(self, result: WorkflowResult, record: StepRecord) -> None:
         record.status, record.started_at = StepStatus.RUNNING, _now()
-        for observer in self.observers:
-            await observer.step_started(result, record)
+        await self._notify(lambda o: o.step_started(result, record))
 
     async def _mark_finished(self, result: WorkflowResult, record: StepRecord) -> None:
         record.finished_at = _now()
-        for observer in self.observers:
-            await observer.step_finished(result, record)
+        await self._notify(lambda o: o.step_finished(result, record))
 
     @staticmethod
     def _finish_totals(result: WorkflowResult, started: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import typer
@@ -24,6 +25,7 @@ app.add_typer(db_app, name="db")
 
 
 def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="conductor: %(levelname)s: %(message)s")
     try:
         app()
     except ConductorError as exc:

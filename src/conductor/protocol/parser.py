@@ -20,9 +20,12 @@ from typing import Any, Literal
 # Longer output is cut before parsing so a runaway generation cannot make parsing slow.
 MAX_PARSE_CHARS = 100_000
 _MAX_JSON_STARTS = 200
+# Occurrences of each list name tried, from the last: bounds the work on repetitive output.
+_MAX_LIST_CANDIDATES = 16
 _LIST_NAMES = ("model_id", "subtasks", "access_list")
 _OPENERS = {"[": "]", "{": "}", "(": ")"}
 _FENCE = re.compile(r"```[a-zA-Z]*")
+_OBJECT_START = re.compile(r"\{\s*[\"}]")
 
 PlanForm = Literal["lists", "json", "json-steps"]
 
@@ -70,7 +73,7 @@ def _parse_lists(text: str) -> ParsedLists | None:
 
 def _last_list_literal(text: str, name: str) -> list[Any] | None:
     pattern = re.compile(rf"\b{name}\s*[:=]\s*\[")
-    for match in reversed(list(pattern.finditer(text))):
+    for match in list(pattern.finditer(text))[::-1][:_MAX_LIST_CANDIDATES]:
         start = match.end() - 1
         end = _balanced_end(text, start)
         if end is None:
@@ -118,20 +121,23 @@ def _parse_json(text: str) -> ParsedLists | None:
 
 
 def _json_objects(text: str) -> list[dict[str, Any]]:
+    """Every JSON object in the text, from the positions where one can start (``{"`` or
+    ``{}``), so stray braces cost nothing and the number of tries stays bounded."""
     decoder = json.JSONDecoder()
     objects: list[dict[str, Any]] = []
-    position = text.find("{")
-    attempts = 0
-    while position != -1 and attempts < _MAX_JSON_STARTS:
-        attempts += 1
+    resume = 0
+    for attempt, match in enumerate(_OBJECT_START.finditer(text)):
+        if attempt >= _MAX_JSON_STARTS:
+            break
+        if match.start() < resume:
+            continue
         try:
-            value, end = decoder.raw_decode(text, position)
-        except json.JSONDecodeError:
-            position = text.find("{", position + 1)
+            value, end = decoder.raw_decode(text, match.start())
+        except (ValueError, RecursionError):  # JSONDecodeError, huge numbers, deep nesting
             continue
         if isinstance(value, dict):
             objects.append(value)
-        position = text.find("{", end)
+            resume = end
     return objects
 
 

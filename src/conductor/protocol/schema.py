@@ -2,7 +2,9 @@
 
 The schema encodes position-dependent rules with ``prefixItems``: step ``i`` may only access
 steps ``0..i-1``, and the Conductor's own id may only be the last step of a plan that has at
-least one worker step before it. Length limits keep a small model from running away.
+least one worker step before it. In a recursion round (``allow_stop``) earlier rounds exist,
+so even the first step may see them with ``["all"]``. Length limits keep a small model from
+running away.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ def plan_schema(
 ) -> dict[str, Any]:
     if not worker_ids:
         raise ValueError("a plan schema needs at least one worker id")
-    worker_steps = [_step_schema(i, worker_ids, max_subtask_chars) for i in range(max_steps)]
+    earlier_rounds = allow_stop  # only a recursion round may stop, and only it has a past
+    worker_steps = [
+        _step_schema(i, worker_ids, max_subtask_chars, earlier_rounds) for i in range(max_steps)
+    ]
     alternatives: list[dict[str, Any]] = [
         {
             "type": "array",
@@ -34,7 +39,9 @@ def plan_schema(
     ]
     if conductor_id is not None:
         for workers_before in range(1, max_steps):
-            conductor_step = _step_schema(workers_before, [conductor_id], max_subtask_chars)
+            conductor_step = _step_schema(
+                workers_before, [conductor_id], max_subtask_chars, earlier_rounds
+            )
             alternatives.append(
                 {
                     "type": "array",
@@ -55,21 +62,30 @@ def plan_schema(
     }
 
 
-def _step_schema(index: int, model_ids: list[int], max_subtask_chars: int) -> dict[str, Any]:
+_SEE_ALL = {"type": "array", "prefixItems": [{"const": ALL}], "minItems": 1, "maxItems": 1}
+# Starts with a non-space: the validator refuses blank subtasks, so the schema must too.
+_NOT_BLANK = "^\\S[\\s\\S]*$"
+
+
+def _step_schema(
+    index: int, model_ids: list[int], max_subtask_chars: int, earlier_rounds: bool
+) -> dict[str, Any]:
+    nothing: dict[str, Any] = {"type": "array", "maxItems": 0}
     if index == 0:
-        access: dict[str, Any] = {"type": "array", "maxItems": 0}
+        access = {"anyOf": [nothing, _SEE_ALL]} if earlier_rounds else nothing
     else:
-        access = {
-            "anyOf": [
-                {"type": "array", "prefixItems": [{"const": ALL}], "minItems": 1, "maxItems": 1},
-                {"type": "array", "items": {"enum": list(range(index))}, "maxItems": index},
-            ]
-        }
+        numbers = {"type": "array", "items": {"enum": list(range(index))}, "maxItems": index}
+        access = {"anyOf": [_SEE_ALL, numbers]}
     return {
         "type": "object",
         "properties": {
             "model_id": {"enum": model_ids},
-            "subtask": {"type": "string", "minLength": 1, "maxLength": max_subtask_chars},
+            "subtask": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": max_subtask_chars,
+                "pattern": _NOT_BLANK,
+            },
             "access_list": access,
         },
         "required": ["model_id", "subtask", "access_list"],

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -157,11 +157,16 @@ class TraceStore:
     The engine belongs to the caller, who disposes of it.
     """
 
-    def __init__(self, engine: Engine, *, tenant: str = "default") -> None:
+    def __init__(
+        self, engine: Engine, *, tenant: str = "default", secret_env_names: Iterable[str] = ()
+    ) -> None:
+        """``secret_env_names``: variables whose values are blanked wherever they appear (the
+        pool's key variables), besides every secret-looking variable."""
         if engine.dialect.name not in {"sqlite", "postgresql"}:
             raise ValueError(f"unsupported database dialect {engine.dialect.name!r}")
         self._engine = engine
         self._tenant = tenant
+        self._secret_env_names = tuple(secret_env_names)
         self._lock = asyncio.Lock()
 
     # -- WorkflowObserver -------------------------------------------------------------------
@@ -179,12 +184,12 @@ class TraceStore:
 
     async def step_started(self, result: WorkflowResult, step: StepRecord) -> None:
         workflow = _workflow_row(result, self._tenant, [])
-        row = _step_row(step, secret_values(), status=StepStatus.RUNNING)
+        row = _step_row(step, secret_values(self._secret_env_names), status=StepStatus.RUNNING)
         await self._write(lambda conn: self._start_step(conn, workflow, row))
 
     async def step_finished(self, result: WorkflowResult, step: StepRecord) -> None:
         workflow = _workflow_row(result, self._tenant, [])
-        secrets = secret_values()
+        secrets = secret_values(self._secret_env_names)
         row = _step_row(step, secrets)
         attempts = [_attempt_row(a, secrets) for a in step.attempts]
         await self._write(lambda conn: self._finish_step(conn, workflow, row, attempts))
@@ -192,7 +197,7 @@ class TraceStore:
     async def workflow_finished(self, result: WorkflowResult) -> None:
         """Also records plans and finished steps whose own events were missed."""
         workflow = _workflow_row(result, self._tenant, [])
-        secrets = secret_values()
+        secrets = secret_values(self._secret_env_names)
         final = _final_workflow_values(result, secrets)
         calls = [o.model_dump(mode="json") for o in result.planner_calls]
         steps = [
