@@ -13,11 +13,14 @@ import importlib.metadata
 import json
 import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conductor.chat import ChatMessage, Completion
 from conductor.errors import ConfigurationError, ModelNotFoundError
+from conductor.openai_wire import parse_chat_response
 from conductor.pool import BUILTIN_SMOLLM2
 from conductor.settings import Settings
 
@@ -118,6 +121,23 @@ class LlamaCppEngine:
         if not isinstance(result, dict) or "error" in result:
             raise RuntimeError(f"llama.cpp engine error: {result!r:.500}")
         return result
+
+    async def complete(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        max_tokens: int,
+        temperature: float,
+        json_schema: dict[str, Any] | None = None,
+    ) -> Completion:
+        """One chat completion; the engine's answer has the OpenAI shape, so it parses as one."""
+        body = self.request_body(
+            [m.model_dump() for m in messages],
+            max_tokens=max_tokens,
+            temperature=temperature,
+            json_schema=json_schema,
+        )
+        return parse_chat_response(await self.chat(body))
 
 
 def _grammar_style(module: Any) -> str:

@@ -41,7 +41,7 @@ def step_prompt(question: str, subtask: str, *, first_of_round: bool) -> str:
 
 
 def build_messages(
-    question: str, step: StepRecord, steps_by_index: dict[int, StepRecord], round_offset: int
+    question: str, step: StepRecord, steps_by_index: dict[int, StepRecord]
 ) -> list[ChatMessage]:
     """Earlier visible steps as past chat turns (their subtask, their answer), then this one."""
     messages: list[ChatMessage] = []
@@ -56,7 +56,7 @@ def build_messages(
             )
         )
         messages.append(ChatMessage(role="assistant", content=seen.output))
-    first = step.index == round_offset
+    first = _is_first_of_round(step, steps_by_index)
     messages.append(
         ChatMessage(role="user", content=step_prompt(question, step.subtask, first_of_round=first))
     )

@@ -229,14 +229,12 @@ class WorkflowExecutor:
         such by ``run``)."""
         finished = {r.index: asyncio.Event() for r in records}
         by_index = {s.index: s for s in result.steps}
-        offset = records[0].index if records else 0
         if not profile.parallel:
             for record in records:
-                await self._run_step(result, record, finished, by_index, offset)
+                await self._run_step(result, record, finished, by_index)
             return
         tasks = [
-            asyncio.create_task(self._run_step(result, r, finished, by_index, offset))
-            for r in records
+            asyncio.create_task(self._run_step(result, r, finished, by_index)) for r in records
         ]
         try:
             await asyncio.gather(*tasks)
@@ -251,14 +249,13 @@ class WorkflowExecutor:
         record: StepRecord,
         finished: dict[int, asyncio.Event],
         by_index: dict[int, StepRecord],
-        round_offset: int,
     ) -> None:
         for index in record.visible_steps:
             if index in finished:
                 await finished[index].wait()
         spec = self.pool.get(record.worker)
         worker = self.workers[record.worker]
-        messages = build_messages(result.question, record, by_index, round_offset)
+        messages = build_messages(result.question, record, by_index)
         await self._mark_started(result, record)
         attempt_started = _now()
         clock = time.perf_counter()
@@ -269,6 +266,7 @@ class WorkflowExecutor:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            record.latency_ms = (time.perf_counter() - clock) * 1000
             record.attempts.append(
                 AttemptRecord(
                     number=1,
@@ -276,12 +274,11 @@ class WorkflowExecutor:
                     error_class=type(exc).__name__,
                     error=str(exc)[:1000],
                     status_code=getattr(exc, "status_code", None),
-                    latency_ms=(time.perf_counter() - clock) * 1000,
+                    latency_ms=record.latency_ms,
                     started_at=attempt_started,
                 )
             )
             record.status, record.error = StepStatus.FAILED, f"{type(exc).__name__}: {exc}"
-            record.latency_ms = (time.perf_counter() - clock) * 1000
             await self._mark_finished(result, record)
             raise WorkflowFailed(
                 f"step {record.index} ({record.worker}) failed: {record.error}"

@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 from conductor.chat import ChatMessage, Completion
 from conductor.llamacpp import LlamaCppEngine
-from conductor.openai_wire import parse_chat_response
 
 
 class LlamaCppWorker:
@@ -17,10 +16,7 @@ class LlamaCppWorker:
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> Completion:
-        body = self.engine.request_body(
-            [m.model_dump() for m in messages], max_tokens=max_tokens, temperature=temperature
-        )
-        return parse_chat_response(await self.engine.chat(body))
+        return await self.engine.complete(messages, max_tokens=max_tokens, temperature=temperature)
 
     async def aclose(self) -> None:
         """The engine is shared (planner, other workers on the same file) and stays loaded."""

@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from conductor.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, get_profile
-from conductor.settings import get_settings
+from conductor.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, Profile, get_profile
+from conductor.settings import Settings, get_settings
 from conductor.traces.db import redact_url
 from conductor.workflow import (
     PlanOutcome,
@@ -44,7 +44,7 @@ def ask(
     profile = get_profile(variant)
     console = Console(highlight=False, soft_wrap=False)
     observers = [] if as_json else [ConsoleObserver(console)]
-    result = asyncio.run(_run(question, profile.name, observers))
+    result = asyncio.run(_run(question, profile, settings, observers))
     trace = redact_url(settings.database_url)
     if as_json:
         from conductor_aggregator.executor import workflow_summary
@@ -56,15 +56,16 @@ def ask(
         raise typer.Exit(1)
 
 
-async def _run(question: str, variant: str, observers: list[Any]) -> WorkflowResult:
+async def _run(
+    question: str, profile: Profile, settings: Settings, observers: list[Any]
+) -> WorkflowResult:
     from conductor_aggregator.embedded import open_embedded_runtime
 
-    settings = get_settings()
     runtime = await open_embedded_runtime(settings, observers)
     try:
         if observers:
             observers[0].show_pool(runtime)
-        return await runtime.executor.run(question, get_profile(variant))
+        return await runtime.executor.run(question, profile)
     finally:
         await runtime.aclose()
 

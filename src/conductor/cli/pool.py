@@ -18,16 +18,17 @@ def pool(
     from conductor_aggregator.embedded import load_pool
 
     workers = load_pool(get_settings()).workers
+    reasons = [w.availability() for w in workers]
     rows = [
         {
             "name": w.name,
             "provider": w.provider.value,
             "model": w.model,
-            "available": w.availability() is None,
-            "reason": w.availability(),
+            "available": reason is None,
+            "reason": reason,
             "price_per_million": {"input": w.price.input, "output": w.price.output},
         }
-        for w in workers
+        for w, reason in zip(workers, reasons, strict=True)
     ]
     if as_json:
         typer.echo(json.dumps({"workers": rows}, indent=2))

@@ -7,7 +7,6 @@ from typing import Any
 
 from conductor.chat import ChatMessage, Completion
 from conductor.llamacpp import LlamaCppEngine
-from conductor.openai_wire import parse_chat_response
 from conductor.ports import PlanFormat
 
 
@@ -27,13 +26,9 @@ class LlamaCppPlannerBackend:
         max_tokens: int,
         temperature: float,
     ) -> Completion:
-        body = self.engine.request_body(
-            [m.model_dump() for m in messages],
-            max_tokens=max_tokens,
-            temperature=temperature,
-            json_schema=json_schema,
+        return await self.engine.complete(
+            messages, max_tokens=max_tokens, temperature=temperature, json_schema=json_schema
         )
-        return parse_chat_response(await self.engine.chat(body))
 
     async def aclose(self) -> None:
         """The engine is shared with the local worker and lives as long as the process."""
