@@ -12,7 +12,7 @@ from conductor.llamacpp import get_engine, resolve_gguf, smollm2_gguf_path
 from conductor.pool import BUILTIN_SMOLLM2
 from conductor.ports import PlanRequest
 from conductor.workflow import PoolEntry
-from conductor_gateway.local_llamacpp import LlamaCppWorker
+from conductor_gateway.adapters.llamacpp import LlamaCppWorker
 from conductor_planner import ConductorPlanner
 from conductor_planner.backends.llamacpp import LlamaCppPlannerBackend
 

@@ -24,10 +24,10 @@ from conductor.errors import (
     RateLimited,
     WorkerUnavailable,
 )
-from conductor.openai_wire import retry_after_s
+from conductor.http_wire import retry_after_s
 from conductor.pool import Provider, WorkerSpec
 from conductor.ports import ChatWorker, PlanFormat, PlannerBackend
-from conductor_gateway.openai_compat import OpenAICompatibleWorker
+from conductor_gateway.adapters.openai import OpenAICompatibleWorker
 from conductor_planner.backends.openai import OpenAIPlannerBackend
 
 from fakes.http_server import ScriptedResponse

@@ -23,7 +23,8 @@ class Usage(BaseModel):
 
     prompt_tokens: int = Field(default=0, ge=0)
     completion_tokens: int = Field(default=0, ge=0)
-    cached_tokens: int = Field(default=0, ge=0)
+    cached_tokens: int = Field(default=0, ge=0)  # part of prompt_tokens served from cache
+    reasoning_tokens: int = Field(default=0, ge=0)  # part of completion_tokens spent thinking
 
     @property
     def total_tokens(self) -> int:
@@ -34,6 +35,7 @@ class Usage(BaseModel):
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             cached_tokens=self.cached_tokens + other.cached_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
         )
 
     def as_dict(self) -> dict[str, int]:

@@ -22,9 +22,18 @@ class WorkerError(ConductorError):
 
     retryable: bool = False
 
-    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
+        # What the provider asked us to wait (Retry-After, retry-after-ms, Gemini's RetryInfo),
+        # on a 429 and on a 503 alike; None when it said nothing.
+        self.retry_after_s = retry_after_s
 
 
 class ProviderRejected(WorkerError):
@@ -35,20 +44,27 @@ class ProviderAuthError(ProviderRejected):
     """401/403: the API key is missing, wrong or lacks permission."""
 
 
+class QuotaExhausted(ProviderRejected):
+    """429 ``insufficient_quota``: the account is out of credit; waiting will not help."""
+
+
 class RateLimited(WorkerError):
     retryable = True
 
     def __init__(
         self, message: str, *, status_code: int | None = 429, retry_after_s: float | None = None
     ) -> None:
-        super().__init__(message, status_code=status_code)
-        self.retry_after_s = retry_after_s
+        super().__init__(message, status_code=status_code, retry_after_s=retry_after_s)
 
 
 class ProviderUnavailable(WorkerError):
     """5xx, 408, 409 or a broken connection: the provider may answer on a later try."""
 
     retryable = True
+
+
+class StreamInterrupted(ProviderUnavailable):
+    """A streamed answer stopped before its end marker: the text so far is not the answer."""
 
 
 class ProviderTimeout(WorkerError):

@@ -6,13 +6,14 @@ distributed mode (gRPC planner, Celery gateway) run the same orchestration.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
 from conductor.chat import ChatMessage, Completion
+from conductor.streaming import StreamEvent
 from conductor.workflow import Plan, PlanOutcome, PoolEntry, StepRecord, WorkflowResult
 
 
@@ -23,13 +24,21 @@ class PlanFormat(StrEnum):
 
 @runtime_checkable
 class ChatWorker(Protocol):
-    """A worker LLM reachable for chat completions."""
+    """A worker LLM reachable for chat completions: one provider call per method call.
+
+    ``stream`` yields TextDelta events closed by one StreamEnd (usage, finish reason); a stream
+    that stops without its StreamEnd was cut. Retries and quotas belong to the gateway.
+    """
 
     name: str
 
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> Completion: ...
+
+    def stream(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
+    ) -> AsyncIterator[StreamEvent]: ...
 
     async def aclose(self) -> None: ...
 

@@ -1,4 +1,4 @@
-"""A scripted HTTP server on loopback: the base every vendor fake (OpenAI, later others) builds on.
+"""A scripted HTTP server on loopback: the base every vendor fake (OpenAI, Anthropic, Gemini) builds on.
 
 Adapters are tested over real sockets, not a mocked transport, so timeouts, refused connections,
 headers and raw bodies behave as they do against the vendor. The server is a Starlette app run
@@ -10,21 +10,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Self
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+CONTROL_PATH = "/_fake/requests"  # not a vendor route: the fake's own request log
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,17 @@ class ScriptedResponse:
     body: bytes | str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     delay_s: float = 0.0  # wait before answering (timeouts); cut short when the server stops
+    # A server-sent-event stream instead of a body: each item is one event's text, sent as is
+    # (include the "data: ...\n\n" framing), ``event_delay_s`` apart.
+    events: Sequence[str] | None = None
+    event_delay_s: float = 0.0
+    # Break the connection after this many events, with no end of the chunked body: the client
+    # sees the stream cut mid-way, as when a provider's connection drops.
+    cut_after: int | None = None
+
+
+class StreamCut(Exception):
+    """Raised inside a streaming body to drop the connection mid-stream (on purpose)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,8 @@ class RecordedRequest:
     headers: dict[str, str]  # lower-case names
     body: bytes
     json: Any  # the decoded body, or None when it is not JSON
+    received_at: float = 0.0  # time.time() when the request arrived (quota windows)
+    in_flight: int = 0  # requests being served when this one arrived, itself included
 
 
 class ScriptedServer:
@@ -53,6 +68,8 @@ class ScriptedServer:
     def __init__(self) -> None:
         self.requests: list[RecordedRequest] = []
         self.port = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
         self._queue: deque[ScriptedResponse] = deque()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -77,6 +94,7 @@ class ScriptedServer:
         with self._lock:
             self._queue.clear()
             self.requests.clear()
+            self.max_in_flight = self.in_flight
 
     @property
     def last_request(self) -> RecordedRequest:
@@ -90,25 +108,68 @@ class ScriptedServer:
         return ScriptedResponse(status=404, json={"detail": f"no route for {request.path}"})
 
     async def _handle(self, request: Request) -> Response:
+        if request.url.path == CONTROL_PATH:
+            return self._control()
         body = await request.body()
         try:
             decoded = json.loads(body) if body else None
         except ValueError:
             decoded = None
-        recorded = RecordedRequest(
-            method=request.method,
-            path=request.url.path,
-            headers={k.lower(): v for k, v in request.headers.items()},
-            body=body,
-            json=decoded,
-        )
         with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            recorded = RecordedRequest(
+                method=request.method,
+                path=request.url.path,
+                headers={k.lower(): v for k, v in request.headers.items()},
+                body=body,
+                json=decoded,
+                received_at=time.time(),
+                in_flight=self.in_flight,
+            )
             self.requests.append(recorded)
             scripted = self._queue.popleft() if self._queue else None
-        if scripted is None:
-            scripted = self.default_response(recorded)
-        await self._sleep(scripted.delay_s)
+        try:
+            if scripted is None:
+                scripted = self.default_response(recorded)
+            await self._sleep(scripted.delay_s)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+        if scripted.events is not None:
+            return StreamingResponse(
+                self._stream(scripted),
+                scripted.status,
+                dict(scripted.headers),
+                media_type="text/event-stream",
+            )
         return _to_response(scripted)
+
+    async def _stream(self, scripted: ScriptedResponse) -> AsyncIterator[bytes]:
+        for number, event in enumerate(scripted.events or ()):
+            if scripted.cut_after is not None and number >= scripted.cut_after:
+                raise StreamCut(f"stream cut after {number} events, as scripted")
+            if number:
+                await self._sleep(scripted.event_delay_s)
+            yield event.encode()
+
+    def _control(self) -> Response:
+        """The request log as JSON, for tests that run this server in another process."""
+        with self._lock:
+            log = [
+                {
+                    "method": r.method,
+                    "path": r.path,
+                    "json": r.json,
+                    "received_at": r.received_at,
+                    "in_flight": r.in_flight,
+                }
+                for r in self.requests
+            ]
+            return Response(
+                json.dumps({"requests": log, "max_in_flight": self.max_in_flight}),
+                media_type="application/json",
+            )
 
     async def _sleep(self, seconds: float) -> None:
         # Cut short by stop(), so shutdown never waits on a handler whose client already gave up.
@@ -122,10 +183,12 @@ class ScriptedServer:
         self._stopped = asyncio.Event()
         yield
 
-    def start(self) -> None:
+    def start(self, port: int = 0) -> None:
+        logging.getLogger("uvicorn.error").addFilter(_hide_scripted_cuts)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("127.0.0.1", port))
+        sock.listen(2048)
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app,
@@ -168,6 +231,11 @@ class ScriptedServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def _hide_scripted_cuts(record: logging.LogRecord) -> bool:
+    """uvicorn logs the exception that cuts a stream; a scripted cut is not a server error."""
+    return not (record.exc_info and isinstance(record.exc_info[1], StreamCut))
 
 
 def _to_response(scripted: ScriptedResponse) -> Response:

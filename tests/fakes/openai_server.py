@@ -9,6 +9,8 @@ real API, so adapters are pointed at ``base_url``.
 from __future__ import annotations
 
 import itertools
+import json
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -97,17 +99,72 @@ def error(
     )
 
 
+def stream_events(
+    content: str,
+    *,
+    model: str = "gpt-fake",
+    prompt_tokens: int = 10,
+    completion_tokens: int | None = None,
+    pieces: int = 3,
+    with_done: bool = True,
+    with_usage: bool = True,
+) -> list[str]:
+    """``chat.completion.chunk`` events as the API streams them with ``include_usage``:
+    a role chunk, content pieces, a finish chunk, a usage chunk (empty choices), ``[DONE]``."""
+    chunk_id = f"chatcmpl-fake{next(_ids)}"
+
+    def chunk(choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
+        body = {
+            "id": chunk_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+            "choices": choices,
+            "usage": usage,
+        }
+        return f"data: {json.dumps(body)}\n\n"
+
+    def delta(fields: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
+        return [{"index": 0, "delta": fields, "logprobs": None, "finish_reason": finish}]
+
+    size = max(1, math.ceil(len(content) / pieces))
+    events = [chunk(delta({"role": "assistant", "content": ""}))]
+    events += [
+        chunk(delta({"content": content[i : i + size]})) for i in range(0, len(content), size)
+    ]
+    events.append(chunk(delta({}, "stop")))
+    if with_usage:
+        completion = len(content.split()) if completion_tokens is None else completion_tokens
+        usage = completion_body("", prompt_tokens=prompt_tokens, completion_tokens=completion)
+        events.append(chunk([], usage["usage"]))
+    if with_done:
+        events.append("data: [DONE]\n\n")
+    return events
+
+
+def streamed(content: str, *, cut_after: int | None = None, **fields: Any) -> ScriptedResponse:
+    """A scripted 200 event stream; ``cut_after`` drops the connection after that many events."""
+    return ScriptedResponse(events=stream_events(content, **fields), cut_after=cut_after)
+
+
+def count_tokens(text: str) -> int:
+    """The fake's tokenizer: about four characters a token, like English in real tokenizers."""
+    return math.ceil(len(text) / 4)
+
+
 class FakeOpenAIServer(ScriptedServer):
     """Answers ``POST /v1/chat/completions`` with ``responder(messages)`` unless a script is queued.
 
-    Usage in the default answer counts whitespace-separated words, so it is deterministic and
-    non-zero.
+    Usage in the default answer counts about four characters a token (``count_tokens``), plus
+    four per message, so it is deterministic and non-zero. ``latency_s`` delays every default
+    answer (benchmarks, quota tests); ``stream: true`` requests get an event stream.
     """
 
-    def __init__(self, responder: Responder = echo_responder) -> None:
+    def __init__(self, responder: Responder = echo_responder, latency_s: float = 0.0) -> None:
         super().__init__()
         self.default_responder = responder
         self.responder = responder
+        self.latency_s = latency_s
 
     @property
     def base_url(self) -> str:
@@ -133,10 +190,10 @@ class FakeOpenAIServer(ScriptedServer):
             return error(400, "you must provide a model parameter")
         messages: list[dict[str, Any]] = body["messages"]
         content = self.responder(messages)
-        prompt = sum(len(str(m.get("content", "")).split()) + 4 for m in messages)
-        return completion(
-            content,
-            model=body["model"],
-            prompt_tokens=prompt,
-            completion_tokens=len(content.split()),
-        )
+        prompt = sum(count_tokens(str(m.get("content", ""))) + 4 for m in messages)
+        tokens = {"prompt_tokens": prompt, "completion_tokens": count_tokens(content)}
+        if body.get("stream") is True:
+            with_usage = (body.get("stream_options") or {}).get("include_usage") is True
+            events = stream_events(content, model=body["model"], with_usage=with_usage, **tokens)
+            return ScriptedResponse(events=events, delay_s=self.latency_s)
+        return completion(content, model=body["model"], delay_s=self.latency_s, **tokens)

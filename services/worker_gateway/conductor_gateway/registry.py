@@ -9,8 +9,8 @@ from conductor.errors import ConfigurationError
 from conductor.llamacpp import EngineOptions, get_engine
 from conductor.pool import Pool, Provider, WorkerSpec
 from conductor.ports import ChatWorker
-from conductor_gateway.local_llamacpp import LlamaCppWorker
-from conductor_gateway.openai_compat import OpenAICompatibleWorker
+from conductor_gateway.adapters.llamacpp import LlamaCppWorker
+from conductor_gateway.adapters.openai import OpenAICompatibleWorker
 
 
 def build_worker(

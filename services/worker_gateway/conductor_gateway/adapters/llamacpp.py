@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from conductor.chat import ChatMessage, Completion
 from conductor.llamacpp import LlamaCppEngine
+from conductor.streaming import StreamEnd, StreamEvent, TextDelta
 
 
 class LlamaCppWorker:
@@ -17,6 +18,14 @@ class LlamaCppWorker:
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> Completion:
         return await self.engine.complete(messages, max_tokens=max_tokens, temperature=temperature)
+
+    async def stream(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
+    ) -> AsyncIterator[StreamEvent]:
+        # The embedded engine answers in one piece; a stream of one delta keeps the interface.
+        completion = await self.complete(messages, max_tokens=max_tokens, temperature=temperature)
+        yield TextDelta(completion.text)
+        yield StreamEnd(completion.usage, completion.finish_reason, completion.model)
 
     async def aclose(self) -> None:
         """The engine is shared (planner, other workers on the same file) and stays loaded."""

@@ -1,0 +1,48 @@
+"""Streamed answers: the events every provider adapter yields, and their collection into one.
+
+Vendors mark the end of a stream differently (OpenAI ``[DONE]``, Anthropic ``message_stop``,
+Gemini a chunk carrying ``finishReason``). Each adapter translates its vendor's stream into
+TextDelta events closed by exactly one StreamEnd; a stream without its StreamEnd was cut, and
+its text is never returned as a complete answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from conductor.chat import Completion, Usage
+from conductor.errors import StreamInterrupted
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    usage: Usage
+    finish_reason: str | None = None
+    model: str = ""
+
+
+StreamEvent = TextDelta | StreamEnd
+
+
+async def collect_stream(events: AsyncIterator[StreamEvent], provider: str) -> Completion:
+    """Join a stream's deltas into a Completion; StreamInterrupted when it has no end."""
+    parts: list[str] = []
+    async for event in events:
+        if isinstance(event, StreamEnd):
+            return Completion(
+                text="".join(parts),
+                usage=event.usage,
+                model=event.model,
+                finish_reason=event.finish_reason,
+            )
+        parts.append(event.text)
+    received = sum(len(p) for p in parts)
+    raise StreamInterrupted(
+        f"{provider}: the stream ended without its end marker after {received} characters"
+    )
