@@ -106,7 +106,7 @@ async def test_request_carries_key_model_messages_and_sampling(
     assert sent.json == {
         "model": "gpt-4.1-mini",
         "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-        "max_tokens": 64,
+        "max_completion_tokens": 64,
         "temperature": 0.5,
     }
 

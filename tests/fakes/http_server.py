@@ -1,4 +1,4 @@
-"""A scripted HTTP server on loopback: the base every vendor fake (OpenAI, Anthropic, Gemini) builds on.
+"""A scripted HTTP server on loopback: the base of every vendor fake (OpenAI, Anthropic, Gemini).
 
 Adapters are tested over real sockets, not a mocked transport, so timeouts, refused connections,
 headers and raw bodies behave as they do against the vendor. The server is a Starlette app run
