@@ -25,7 +25,7 @@ from conductor.workflow import StepKind, StepStatus, WorkflowResult, WorkflowSta
 from conductor_aggregator.executor import WorkflowExecutor
 from conductor_planner import ConductorPlanner
 
-from fakes.scripted import ScriptedBackend, ScriptedWorker, lists
+from fakes.scripted import ScriptedBackend, ScriptedWorker, lists, scripted_gateway
 
 ULTRA = BUILTIN_PROFILES["conductor-ultra"]
 NAMES = ["alpha", "beta", "gamma"]
@@ -54,7 +54,7 @@ def _executor(
     executor = WorkflowExecutor(
         planner=ConductorPlanner(backend),
         pool=_pool(price),
-        workers={w.name: w for w in workers},
+        gateway=scripted_gateway(_pool(price), {w.name: w for w in workers}),
     )
     return executor, backend
 
@@ -149,7 +149,9 @@ async def test_recursion_stops_at_its_bound(first_steps: int, rounds: int) -> No
     backend = RecursingBackend(first_steps)
     workers = [ScriptedWorker(n) for n in NAMES]
     executor = WorkflowExecutor(
-        planner=ConductorPlanner(backend), pool=_pool(), workers={w.name: w for w in workers}
+        planner=ConductorPlanner(backend),
+        pool=_pool(),
+        gateway=scripted_gateway(_pool(), {w.name: w for w in workers}),
     )
     profile = Profile(name="deep", max_steps=5, recursion_rounds=rounds)
 
@@ -340,7 +342,7 @@ async def test_a_failing_observer_does_not_lose_the_answer(
     executor = WorkflowExecutor(
         planner=ConductorPlanner(ScriptedBackend(outputs=[lists([0], ["a"], [[]])])),
         pool=_pool(),
-        workers={w.name: w for w in workers},
+        gateway=scripted_gateway(_pool(), {w.name: w for w in workers}),
         observers=[_BrokenObserver()],  # type: ignore[list-item]
     )
 
@@ -362,7 +364,9 @@ async def test_recursion_under_the_json_schema_lets_the_new_first_step_see_earli
     )
     workers = [ScriptedWorker(n) for n in NAMES]
     executor = WorkflowExecutor(
-        planner=ConductorPlanner(backend), pool=_pool(), workers={w.name: w for w in workers}
+        planner=ConductorPlanner(backend),
+        pool=_pool(),
+        gateway=scripted_gateway(_pool(), {w.name: w for w in workers}),
     )
 
     result = await executor.run("q", ULTRA)

@@ -16,7 +16,7 @@ from conductor.traces.store import TraceStore
 from conductor_aggregator.executor import WorkflowExecutor
 from conductor_planner import ConductorPlanner
 
-from fakes.scripted import ScriptedBackend, ScriptedWorker, lists
+from fakes.scripted import ScriptedBackend, ScriptedWorker, lists, scripted_gateway
 
 NAMES = ["alpha", "beta"]
 POOL = Pool(
@@ -45,7 +45,7 @@ def _executor(outputs: list[str], store: TraceStore) -> WorkflowExecutor:
     return WorkflowExecutor(
         planner=ConductorPlanner(ScriptedBackend(outputs=outputs)),
         pool=POOL,
-        workers={n: ScriptedWorker(n) for n in NAMES},
+        gateway=scripted_gateway(POOL, {n: ScriptedWorker(n) for n in NAMES}),
         observers=[store],
     )
 
@@ -107,7 +107,7 @@ async def test_cancelling_during_a_replan_leaves_no_step_running(store: TraceSto
     executor = WorkflowExecutor(
         planner=ConductorPlanner(backend),
         pool=POOL,
-        workers={n: ScriptedWorker(n) for n in NAMES},
+        gateway=scripted_gateway(POOL, {n: ScriptedWorker(n) for n in NAMES}),
         observers=[store],
     )
     workflow_id = uuid.uuid4()

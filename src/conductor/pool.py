@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from conductor.chat import Usage
 from conductor.errors import ConfigurationError
@@ -32,8 +39,8 @@ class Provider(StrEnum):
     GEMINI = "gemini"
 
 
-# Providers whose adapter exists in this release. The others are listed, never faked.
-IMPLEMENTED_PROVIDERS = frozenset({Provider.LLAMACPP, Provider.OPENAI, Provider.OPENAI_COMPATIBLE})
+# Cloud APIs that refuse calls without a key (self-hosted look-alikes may need none).
+KEYED_PROVIDERS = frozenset({Provider.OPENAI, Provider.ANTHROPIC, Provider.GEMINI})
 
 DEFAULT_BASE_URLS: Mapping[Provider, str] = {
     Provider.OPENAI: "https://api.openai.com/v1",
@@ -85,6 +92,10 @@ class WorkerSpec(BaseModel):
     max_tokens: int = Field(default=1024, gt=0)
     temperature: float = Field(default=0.2, ge=0, le=2)
     timeout_s: float = Field(default=120.0, gt=0)
+    # Workers tried, in order, when this one's retries are exhausted (or its key is refused).
+    fallbacks: tuple[str, ...] = ()
+    # Stream the answer from the provider (long answers never sit behind an idle timeout).
+    stream: bool = False
 
     @field_validator("name")
     @classmethod
@@ -102,12 +113,12 @@ class WorkerSpec(BaseModel):
     def availability(self, environ: Mapping[str, str] | None = None) -> str | None:
         """None when the worker can be called here, else the reason it cannot."""
         env = os.environ if environ is None else environ
-        if self.provider not in IMPLEMENTED_PROVIDERS:
-            return f"no adapter for provider {self.provider.value!r} yet (worker gateway issue)"
         if self.provider is Provider.OPENAI_COMPATIBLE and not self.base_url:
             return "provider 'openai-compatible' needs base_url"
-        if self.provider is Provider.OPENAI and not self.api_key_env:
-            return "provider 'openai' needs api_key_env (the name of its key variable)"
+        if self.provider in KEYED_PROVIDERS and not self.api_key_env:
+            return (
+                f"provider {self.provider.value!r} needs api_key_env (the name of its key variable)"
+            )
         if self.api_key_env and not env.get(self.api_key_env):
             return f"environment variable {self.api_key_env} is not set"
         return None
@@ -121,6 +132,20 @@ class Pool(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     workers: tuple[WorkerSpec, ...]
+
+    @model_validator(mode="after")
+    def _check_fallbacks(self) -> Pool:
+        names = {w.name for w in self.workers}
+        for worker in self.workers:
+            unknown = [f for f in worker.fallbacks if f not in names]
+            if unknown:
+                raise ValueError(
+                    f"worker {worker.name!r}: fallbacks {', '.join(map(repr, unknown))} "
+                    "are not in the pool"
+                )
+            if worker.name in worker.fallbacks:
+                raise ValueError(f"worker {worker.name!r} names itself as a fallback")
+        return self
 
     def get(self, name: str) -> WorkerSpec:
         for worker in self.workers:
@@ -214,7 +239,10 @@ def parse_pool(data: Any, source: str = "pool file") -> Pool:
         raise ConfigurationError(f"{source}: duplicate worker names: {', '.join(duplicates)}")
     if not workers:
         raise ConfigurationError(f"{source}: the pool has no workers")
-    return Pool(workers=tuple(workers))
+    try:
+        return Pool(workers=tuple(workers))
+    except ValidationError as exc:
+        raise ConfigurationError(f"{source}: {_describe(exc)}") from exc
 
 
 def load_pool_file(path: Path) -> Pool:

@@ -12,9 +12,17 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from conductor.chat import ChatMessage, Completion
+from conductor.chat import ChatMessage, Completion, Usage
+from conductor.errors import ConductorError
 from conductor.streaming import StreamEvent
-from conductor.workflow import Plan, PlanOutcome, PoolEntry, StepRecord, WorkflowResult
+from conductor.workflow import (
+    AttemptRecord,
+    Plan,
+    PlanOutcome,
+    PoolEntry,
+    StepRecord,
+    WorkflowResult,
+)
 
 
 class PlanFormat(StrEnum):
@@ -39,6 +47,45 @@ class ChatWorker(Protocol):
     def stream(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> AsyncIterator[StreamEvent]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class StepCallResult(BaseModel):
+    """A step's worker call as the gateway ran it: the answer and every attempt it took.
+
+    ``worker`` is who answered: the step's worker, or one of its fallbacks. Usage and cost add
+    up every attempt, failed ones included (a cut stream may have been billed).
+    """
+
+    text: str
+    worker: str
+    finish_reason: str | None = None
+    usage: Usage = Usage()
+    cost_usd: float = 0.0
+    attempts: list[AttemptRecord]
+
+
+class StepCallFailed(ConductorError):
+    """Every attempt, fallbacks included, failed; ``attempts`` says how."""
+
+    def __init__(self, message: str, attempts: list[AttemptRecord]) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+class StepRunner(Protocol):
+    """Runs one step's worker call with the gateway's retries, quotas, fallbacks and costs.
+
+    In-process in embedded mode (``WorkerGateway``), over the vendor queues in distributed mode.
+    """
+
+    @property
+    def worker_names(self) -> frozenset[str]:
+        """The workers this runner can call."""
+        ...
+
+    async def call(self, worker: str, messages: Sequence[ChatMessage]) -> StepCallResult: ...
 
     async def aclose(self) -> None: ...
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -47,11 +47,19 @@ class Settings(BaseSettings):
     llamacpp_parallel_slots: int = Field(default=4, ge=1)
 
 
+SettingsT = TypeVar("SettingsT", bound=BaseSettings)
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
     """The process's settings; a bad variable is a ConfigurationError that names it."""
+    return load_settings(Settings)
+
+
+def load_settings(cls: type[SettingsT]) -> SettingsT:
+    """Build a ``CONDUCTOR_*`` settings class; a bad variable is a ConfigurationError naming it."""
     try:
-        return Settings()
+        return cls()
     except ValidationError as exc:
         problems = "; ".join(
             f"CONDUCTOR_{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"

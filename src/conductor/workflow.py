@@ -99,9 +99,10 @@ class StepKind(StrEnum):
 
 
 class AttemptRecord(BaseModel):
-    """One provider call made for a step."""
+    """One provider call made for a step (retries and fallbacks each add one)."""
 
     number: int
+    worker: str | None = None  # who was called: the step's worker or a fallback
     status: Literal["ok", "error"]
     error_class: str | None = None
     error: str | None = None
@@ -109,6 +110,7 @@ class AttemptRecord(BaseModel):
     usage: Usage = Usage()
     cost_usd: float = 0.0
     latency_ms: float = 0.0
+    quota_wait_ms: float = 0.0  # time spent waiting for the worker's quotas before the call
     started_at: datetime
 
 

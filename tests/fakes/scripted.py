@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from conductor.chat import ChatMessage, Completion, Usage
-from conductor.ports import PlanFormat
+from conductor.pool import Pool
+from conductor.ports import ChatWorker, PlanFormat
+from conductor.streaming import StreamEnd, StreamEvent, TextDelta
+from conductor_gateway.gateway import WorkerGateway
+from conductor_gateway.retry import RetryPolicy
 
 
 @dataclass
@@ -52,8 +56,23 @@ class ScriptedWorker:
             model=self.name,
         )
 
+    async def stream(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
+    ) -> AsyncIterator[StreamEvent]:
+        completion = await self.complete(messages, max_tokens=max_tokens, temperature=temperature)
+        yield TextDelta(completion.text)
+        yield StreamEnd(completion.usage, "stop", completion.model)
+
     async def aclose(self) -> None:
         return None
+
+
+def scripted_gateway(
+    pool: Pool, workers: Mapping[str, ChatWorker], *, max_attempts: int = 1
+) -> WorkerGateway:
+    """The real gateway around scripted workers; one attempt and no backoff unless asked."""
+    policy = RetryPolicy(max_attempts=max_attempts, base_delay_s=0.0)
+    return WorkerGateway(pool, workers, policy=policy)
 
 
 @dataclass

@@ -14,12 +14,15 @@ from sqlalchemy import Engine
 
 from conductor.llamacpp import EngineOptions
 from conductor.pool import Pool, WorkerSpec, default_pool, load_pool_file
-from conductor.ports import ChatWorker, PlannerBackend, WorkflowObserver
+from conductor.ports import PlannerBackend, WorkflowObserver
 from conductor.settings import Settings
 from conductor.traces.db import make_engine, upgrade
 from conductor.traces.store import TraceStore
 from conductor_aggregator.executor import WorkflowExecutor
+from conductor_gateway.gateway import WorkerGateway
+from conductor_gateway.quotas import MemoryQuotas
 from conductor_gateway.registry import build_workers
+from conductor_gateway.settings import GatewaySettings
 from conductor_planner import ConductorPlanner
 from conductor_planner.backends import create_backend
 
@@ -37,7 +40,7 @@ class EmbeddedRuntime:
     pool: Pool
     unavailable: list[tuple[WorkerSpec, str]]
     _backend: PlannerBackend
-    _workers: dict[str, ChatWorker]
+    _gateway: WorkerGateway
     _db: Engine
     _closed: bool = field(default=False)
 
@@ -46,8 +49,7 @@ class EmbeddedRuntime:
             return
         self._closed = True
         await self._backend.aclose()
-        for worker in self._workers.values():
-            await worker.aclose()
+        await self._gateway.aclose()
         self._db.dispose()
 
 
@@ -69,10 +71,17 @@ async def open_embedded_runtime(
     if settings.planner_api_key_env:
         key_variables.append(settings.planner_api_key_env)
     store = TraceStore(db, secret_env_names=key_variables)
+    gateway_settings = GatewaySettings.load()
+    gateway = WorkerGateway(
+        pool,
+        workers,
+        quotas=MemoryQuotas(gateway_settings.quota_config()),
+        policy=gateway_settings.retry_policy(),
+    )
     executor = WorkflowExecutor(
         planner=ConductorPlanner(backend),
         pool=pool,
-        workers=workers,
+        gateway=gateway,
         observers=[store, *observers],
     )
     return EmbeddedRuntime(
@@ -81,6 +90,6 @@ async def open_embedded_runtime(
         pool=pool,
         unavailable=pool.unavailable(),
         _backend=backend,
-        _workers=workers,
+        _gateway=gateway,
         _db=db,
     )

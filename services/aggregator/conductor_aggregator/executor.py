@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,10 +26,16 @@ from conductor.orchestration import (
     round_limits,
 )
 from conductor.pool import Pool
-from conductor.ports import ChatWorker, Planner, PlanRequest, PriorRound, WorkflowObserver
+from conductor.ports import (
+    Planner,
+    PlanRequest,
+    PriorRound,
+    StepCallFailed,
+    StepRunner,
+    WorkflowObserver,
+)
 from conductor.profiles import Profile
 from conductor.workflow import (
-    AttemptRecord,
     PlanOutcome,
     PoolEntry,
     StepKind,
@@ -66,21 +72,22 @@ class WorkflowExecutor:
         *,
         planner: Planner,
         pool: Pool,
-        workers: Mapping[str, ChatWorker],
+        gateway: StepRunner,
         observers: Sequence[WorkflowObserver] = (),
     ) -> None:
-        missing = [name for name in workers if name not in {w.name for w in pool.workers}]
+        callable_names = gateway.worker_names
+        missing = sorted(callable_names - {w.name for w in pool.workers})
         if missing:
             raise ConfigurationError(f"workers not in the pool: {', '.join(missing)}")
         self.planner = planner
         self.pool = pool
-        self.workers = dict(workers)
+        self.gateway = gateway
         self.observers = list(observers)
         # The Conductor sees the callable workers, in pool order, as Model 0..N-1.
         self.entries = [
             PoolEntry(name=w.name, description=w.description)
             for w in pool.workers
-            if w.name in self.workers
+            if w.name in callable_names
         ]
 
     async def run(
@@ -253,50 +260,28 @@ class WorkflowExecutor:
         for index in record.visible_steps:
             if index in finished:
                 await finished[index].wait()
-        spec = self.pool.get(record.worker)
-        worker = self.workers[record.worker]
         messages = build_messages(result.question, record, by_index)
         await self._mark_started(result, record)
-        attempt_started = _now()
         clock = time.perf_counter()
         try:
-            completion = await worker.complete(
-                messages, max_tokens=spec.max_tokens, temperature=spec.temperature
-            )
+            call = await self.gateway.call(record.worker, messages)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            attempts = exc.attempts if isinstance(exc, StepCallFailed) else []
             record.latency_ms = (time.perf_counter() - clock) * 1000
-            record.attempts.append(
-                AttemptRecord(
-                    number=1,
-                    status="error",
-                    error_class=type(exc).__name__,
-                    error=str(exc)[:1000],
-                    status_code=getattr(exc, "status_code", None),
-                    latency_ms=record.latency_ms,
-                    started_at=attempt_started,
-                )
-            )
+            record.attempts = attempts
+            record.usage = sum((a.usage for a in attempts), Usage())
+            record.cost_usd = sum(a.cost_usd for a in attempts)
             record.status, record.error = StepStatus.FAILED, f"{type(exc).__name__}: {exc}"
             await self._mark_finished(result, record)
             raise WorkflowFailed(
                 f"step {record.index} ({record.worker}) failed: {record.error}"
             ) from exc
-        latency_ms = (time.perf_counter() - clock) * 1000
-        cost = spec.price.cost(completion.usage)
-        record.attempts.append(
-            AttemptRecord(
-                number=1,
-                status="ok",
-                usage=completion.usage,
-                cost_usd=cost,
-                latency_ms=latency_ms,
-                started_at=attempt_started,
-            )
-        )
-        record.output, record.usage, record.cost_usd = completion.text, completion.usage, cost
-        record.status, record.latency_ms = StepStatus.SUCCEEDED, latency_ms
+        record.latency_ms = (time.perf_counter() - clock) * 1000
+        record.attempts = call.attempts
+        record.output, record.usage, record.cost_usd = call.text, call.usage, call.cost_usd
+        record.status = StepStatus.SUCCEEDED
         await self._mark_finished(result, record)
         finished[record.index].set()
 

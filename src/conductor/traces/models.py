@@ -68,6 +68,7 @@ class WorkflowRow(DbModel, table=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0
     total_tokens: int = 0
     cost_usd: float = 0.0
     latency_ms: float = 0.0
@@ -100,6 +101,7 @@ class StepRow(DbModel, table=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0
     total_tokens: int = 0
     cost_usd: float = 0.0
     latency_ms: float = 0.0
@@ -117,6 +119,7 @@ class AttemptRow(DbModel, table=True):
     id: uuid.UUID = Field(default_factory=uuid.uuid4, primary_key=True)
     step_id: uuid.UUID = Field(foreign_key="step.id", ondelete="CASCADE")
     number: int
+    worker: str | None = None  # who was called: the step's worker or one of its fallbacks
     status: str
     error_class: str | None = None
     error: str | None = Field(default=None, sa_type=Text)
@@ -124,8 +127,10 @@ class AttemptRow(DbModel, table=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0
     cost_usd: float = 0.0
     latency_ms: float = 0.0
+    quota_wait_ms: float = 0.0
     started_at: datetime = Field(sa_type=UTCDateTime())
 
 

@@ -66,6 +66,7 @@ def _workflow_row(result: WorkflowResult, tenant: str, snapshot: list[dict[str, 
         "prompt_tokens": 0,
         "completion_tokens": 0,
         "cached_tokens": 0,
+        "reasoning_tokens": 0,
         "total_tokens": 0,
         "cost_usd": 0.0,
         "latency_ms": 0.0,
@@ -83,6 +84,7 @@ def _final_workflow_values(result: WorkflowResult, secrets: list[str]) -> Row:
         "prompt_tokens": result.usage.prompt_tokens,
         "completion_tokens": result.usage.completion_tokens,
         "cached_tokens": result.usage.cached_tokens,
+        "reasoning_tokens": result.usage.reasoning_tokens,
         "total_tokens": result.usage.total_tokens,
         "cost_usd": result.cost_usd,
         "latency_ms": result.latency_ms,
@@ -105,6 +107,7 @@ def _step_row(step: StepRecord, secrets: list[str], status: StepStatus | None = 
         "prompt_tokens": step.usage.prompt_tokens,
         "completion_tokens": step.usage.completion_tokens,
         "cached_tokens": step.usage.cached_tokens,
+        "reasoning_tokens": step.usage.reasoning_tokens,
         "total_tokens": step.usage.total_tokens,
         "cost_usd": step.cost_usd,
         "latency_ms": step.latency_ms,
@@ -117,6 +120,7 @@ def _step_row(step: StepRecord, secrets: list[str], status: StepStatus | None = 
 def _attempt_row(attempt: AttemptRecord, secrets: list[str]) -> Row:
     return {
         "number": attempt.number,
+        "worker": attempt.worker,
         "status": attempt.status,
         "error_class": attempt.error_class,
         "error": redact_text(attempt.error, secrets),
@@ -124,8 +128,10 @@ def _attempt_row(attempt: AttemptRecord, secrets: list[str]) -> Row:
         "prompt_tokens": attempt.usage.prompt_tokens,
         "completion_tokens": attempt.usage.completion_tokens,
         "cached_tokens": attempt.usage.cached_tokens,
+        "reasoning_tokens": attempt.usage.reasoning_tokens,
         "cost_usd": attempt.cost_usd,
         "latency_ms": attempt.latency_ms,
+        "quota_wait_ms": attempt.quota_wait_ms,
         "started_at": _aware(attempt.started_at),
     }
 

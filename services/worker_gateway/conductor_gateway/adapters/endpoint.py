@@ -8,10 +8,7 @@ from dataclasses import dataclass
 import httpx
 
 from conductor.errors import ConfigurationError, WorkerUnavailable
-from conductor.pool import Provider, WorkerSpec
-
-# Providers whose API refuses calls without a key; self-hosted look-alikes may need none.
-KEY_REQUIRED = frozenset({Provider.OPENAI, Provider.ANTHROPIC, Provider.GEMINI})
+from conductor.pool import KEYED_PROVIDERS, WorkerSpec
 
 
 @dataclass(frozen=True)
@@ -39,7 +36,7 @@ def resolve_endpoint(spec: WorkerSpec, environ: Mapping[str, str]) -> Endpoint:
             raise WorkerUnavailable(
                 f"worker {spec.name!r}: environment variable {spec.api_key_env} is not set"
             )
-    elif spec.provider in KEY_REQUIRED:
+    elif spec.provider in KEYED_PROVIDERS:
         raise WorkerUnavailable(
             f"worker {spec.name!r}: provider {spec.provider.value!r} needs api_key_env "
             "in the pool file"

@@ -1,0 +1,161 @@
+"""The worker gateway: one step's call to a worker LLM, made dependable.
+
+For each attempt: take the worker's quota lease (waiting if over quota), call the provider
+(whole or streamed), settle the lease with the real token count, price the attempt, record it.
+Failures go through the one retry policy; when a worker's retries are exhausted (or its key is
+refused) its fallbacks are tried in order. The result carries every attempt, so the trace shows
+what each try cost and why it failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+
+from conductor.chat import ChatMessage, Completion, Usage
+from conductor.errors import (
+    ProviderAuthError,
+    ProviderTimeout,
+    QuotaExhausted,
+    WorkerError,
+    WorkerUnavailable,
+)
+from conductor.pool import Pool, WorkerSpec
+from conductor.ports import ChatWorker, StepCallFailed, StepCallResult
+from conductor.streaming import collect_stream
+from conductor.workflow import AttemptRecord
+from conductor_gateway.quotas import MemoryQuotas, QuotaStore, estimate_tokens
+from conductor_gateway.retry import RetryPolicy
+
+logger = logging.getLogger(__name__)
+
+# A fallback is worth trying when the worker is down or refuses our key, not when the request
+# itself was rejected (a 400 would be rejected by the fallback as well).
+FALLBACK_ON = (ProviderAuthError, QuotaExhausted, WorkerUnavailable)
+
+
+class WorkerGateway:
+    """Implements the StepRunner port in-process; the Celery task runs the same object."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        workers: Mapping[str, ChatWorker],
+        *,
+        quotas: QuotaStore | None = None,
+        policy: RetryPolicy | None = None,
+    ) -> None:
+        self.pool = pool
+        self.workers = dict(workers)
+        self.quotas: QuotaStore = quotas if quotas is not None else MemoryQuotas()
+        self.policy = policy or RetryPolicy()
+
+    @property
+    def worker_names(self) -> frozenset[str]:
+        return frozenset(self.workers)
+
+    async def call(self, worker: str, messages: Sequence[ChatMessage]) -> StepCallResult:
+        spec = self.pool.get(worker)
+        attempts: list[AttemptRecord] = []
+        errors: list[str] = []
+        for name in (worker, *spec.fallbacks):
+            if name not in self.workers:
+                errors.append(f"{name}: not callable here")
+                continue
+            try:
+                completion = await self._call_with_retries(self.pool.get(name), messages, attempts)
+            except WorkerError as exc:
+                errors.append(f"{name}: {type(exc).__name__}: {exc}")
+                if not (exc.retryable or isinstance(exc, FALLBACK_ON)):
+                    break
+                continue
+            usage = sum((a.usage for a in attempts), Usage())
+            return StepCallResult(
+                text=completion.text,
+                worker=name,
+                finish_reason=completion.finish_reason,
+                usage=usage,
+                cost_usd=sum(a.cost_usd for a in attempts),
+                attempts=attempts,
+            )
+        raise StepCallFailed("; ".join(errors) or f"{worker}: no attempt made", attempts)
+
+    async def _call_with_retries(
+        self, spec: WorkerSpec, messages: Sequence[ChatMessage], attempts: list[AttemptRecord]
+    ) -> Completion:
+        for tries in range(1, self.policy.max_attempts + 1):
+            try:
+                return await self._attempt(spec, messages, attempts)
+            except WorkerError as exc:
+                if not self.policy.should_retry(exc, tries):
+                    raise
+                delay = self.policy.delay_s(exc, tries)
+                logger.info(
+                    "worker %s attempt %d failed (%s); retrying in %.2f s",
+                    spec.name,
+                    tries,
+                    type(exc).__name__,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable: the last attempt either returns or raises")
+
+    async def _attempt(
+        self, spec: WorkerSpec, messages: Sequence[ChatMessage], attempts: list[AttemptRecord]
+    ) -> Completion:
+        """One provider call under the worker's quotas; recorded whatever happens."""
+        estimate = estimate_tokens(messages, spec.max_tokens)
+        lease = await self.quotas.acquire(spec.name, spec.quotas, estimate)
+        started_at, clock = datetime.now(UTC), time.perf_counter()
+        record = AttemptRecord(
+            number=len(attempts) + 1,
+            worker=spec.name,
+            status="error",
+            quota_wait_ms=lease.waited_s * 1000,
+            started_at=started_at,
+        )
+        attempts.append(record)
+        tokens: int | None = None  # None keeps the estimate: the real count is unknown
+        try:
+            completion = await self._call_provider(spec, messages)
+            tokens = completion.usage.total_tokens
+        except WorkerError as exc:
+            # An error status means the provider generated nothing; a broken call may have.
+            tokens = 0 if exc.status_code is not None else None
+            record.error_class, record.error = type(exc).__name__, str(exc)[:1000]
+            record.status_code = exc.status_code
+            raise
+        except Exception as exc:
+            record.error_class, record.error = type(exc).__name__, str(exc)[:1000]
+            raise WorkerError(f"worker {spec.name!r}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            record.latency_ms = (time.perf_counter() - clock) * 1000
+            # Shielded: a cancelled step still frees its concurrency slot.
+            await asyncio.shield(lease.settle(tokens))
+        record.status, record.usage = "ok", completion.usage
+        record.cost_usd = spec.price.cost(completion.usage)
+        return completion
+
+    async def _call_provider(self, spec: WorkerSpec, messages: Sequence[ChatMessage]) -> Completion:
+        worker = self.workers[spec.name]
+        try:
+            async with asyncio.timeout(spec.timeout_s):
+                if spec.stream:
+                    events = worker.stream(
+                        messages, max_tokens=spec.max_tokens, temperature=spec.temperature
+                    )
+                    return await collect_stream(events, f"worker {spec.name!r}")
+                return await worker.complete(
+                    messages, max_tokens=spec.max_tokens, temperature=spec.temperature
+                )
+        except TimeoutError as exc:
+            raise ProviderTimeout(
+                f"worker {spec.name!r}: no complete answer within {spec.timeout_s:g} s"
+            ) from exc
+
+    async def aclose(self) -> None:
+        for worker in self.workers.values():
+            await worker.aclose()

@@ -1,0 +1,176 @@
+"""Per-worker quotas: requests per minute, tokens per minute, calls in flight.
+
+Every provider call takes a lease before it starts: one request in the RPM window, an estimate
+of its tokens in the TPM window, and a concurrency slot. After the call the lease is settled:
+the estimate is replaced by the real count and the slot is freed. A call over quota waits for
+room (never dropped). Windows slide (any 60 s span, not clock minutes), so a provider counting
+its own way never sees a burst at a minute boundary.
+
+Two stores implement the same rules: ``MemoryQuotas`` for one process (embedded mode) and
+``RedisQuotas`` (quotas_redis.py), shared by every gateway replica, each check-and-take one
+atomic Lua script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from conductor.chat import ChatMessage
+from conductor.pool import Quotas
+
+MAX_POLL_S = 0.25  # how often a call waiting for a concurrency slot looks again
+
+
+@dataclass(frozen=True)
+class QuotaConfig:
+    window_s: float = 60.0  # "per minute"; tests shorten it
+    # Requests reach the provider a little after we count them; each window entry is held this
+    # much longer so the provider's own window never sees more than the limit.
+    skew_s: float = 0.25
+    # A concurrency slot whose holder stops renewing it (the process died) is freed after this.
+    lease_s: float = 30.0
+
+    @property
+    def hold_s(self) -> float:
+        return self.window_s + self.skew_s
+
+
+class QuotaLease(Protocol):
+    waited_s: float
+
+    async def settle(self, tokens: int | None) -> None:
+        """Record the call's real token count (None: keep the estimate) and free its slot."""
+
+
+class QuotaStore(Protocol):
+    async def acquire(self, worker: str, quotas: Quotas, tokens: int) -> QuotaLease:
+        """Wait until the call fits every limit, then take its share; returns the lease."""
+
+
+def estimate_tokens(messages: Sequence[ChatMessage], max_tokens: int) -> int:
+    """What a call may spend before its real count is known: the prompt at about four
+    characters a token (plus a few per message), and the whole output budget."""
+    prompt = sum(math.ceil(len(m.content) / 4) + 4 for m in messages)
+    return prompt + max_tokens
+
+
+def limited(quotas: Quotas) -> bool:
+    return any(v is not None for v in (quotas.rpm, quotas.tpm, quotas.max_concurrency))
+
+
+def reserve(quotas: Quotas, tokens: int) -> int:
+    # A call larger than the whole TPM budget would never fit: it reserves the whole window.
+    return min(tokens, quotas.tpm) if quotas.tpm else tokens
+
+
+async def wait_a_little(seconds: float) -> None:
+    """Sleep for a quota hint, jittered so waiting callers do not wake in lockstep."""
+    await asyncio.sleep(max(0.005, seconds) * random.uniform(1.0, 1.2))
+
+
+@dataclass
+class _Window:
+    """One worker's state in memory: the same rules as the Lua script."""
+
+    requests: deque[float] = field(default_factory=deque)
+    tokens: dict[str, tuple[float, int]] = field(default_factory=dict)
+    in_flight: set[str] = field(default_factory=set)
+
+
+class MemoryQuotas:
+    """Quotas for one process. Thread-safe, so one store can serve several event loops."""
+
+    def __init__(self, config: QuotaConfig | None = None) -> None:
+        self.config = config or QuotaConfig()
+        self._windows: dict[str, _Window] = {}
+        self._lock = threading.Lock()
+
+    async def acquire(self, worker: str, quotas: Quotas, tokens: int) -> QuotaLease:
+        lease_id, tokens = uuid.uuid4().hex, reserve(quotas, tokens)
+        started = time.monotonic()
+        while True:
+            wait = self._try_take(worker, quotas, lease_id, tokens)
+            if wait is None:
+                return _MemoryLease(self, worker, lease_id, time.monotonic() - started)
+            await wait_a_little(wait)
+
+    def _try_take(self, worker: str, quotas: Quotas, lease_id: str, tokens: int) -> float | None:
+        hold = self.config.hold_s
+        with self._lock:
+            window = self._windows.setdefault(worker, _Window())
+            now = time.monotonic()
+            while window.requests and window.requests[0] <= now - hold:
+                window.requests.popleft()
+            for key in [k for k, (at, _) in window.tokens.items() if at <= now - hold]:
+                del window.tokens[key]
+            wait = 0.0
+            if quotas.rpm and len(window.requests) >= quotas.rpm:
+                wait = max(wait, window.requests[0] + hold - now)
+            if quotas.tpm:
+                wait = max(wait, _tokens_wait(window, quotas.tpm, tokens, now, hold))
+            if quotas.max_concurrency and len(window.in_flight) >= quotas.max_concurrency:
+                wait = max(wait, MAX_POLL_S)
+            if wait > 0:
+                return wait
+            if quotas.rpm:
+                window.requests.append(now)
+            if quotas.tpm:
+                window.tokens[lease_id] = (now, tokens)
+            if quotas.max_concurrency:
+                window.in_flight.add(lease_id)
+            return None
+
+    def _settle(self, worker: str, lease_id: str, tokens: int | None) -> None:
+        with self._lock:
+            window = self._windows[worker]
+            window.in_flight.discard(lease_id)
+            if tokens is not None and lease_id in window.tokens:
+                window.tokens[lease_id] = (window.tokens[lease_id][0], tokens)
+
+
+def _tokens_wait(window: _Window, tpm: int, tokens: int, now: float, hold: float) -> float:
+    """Seconds until enough of the oldest reservations leave the window for ``tokens``."""
+    used = sum(count for _, count in window.tokens.values())
+    excess = used + tokens - tpm
+    if excess <= 0:
+        return 0.0
+    for at, count in sorted(window.tokens.values()):
+        excess -= count
+        if excess <= 0:
+            return at + hold - now
+    return hold
+
+
+@dataclass
+class _MemoryLease:
+    store: MemoryQuotas
+    worker: str
+    lease_id: str
+    waited_s: float
+
+    async def settle(self, tokens: int | None) -> None:
+        self.store._settle(self.worker, self.lease_id, tokens)
+
+
+class NoQuotas:
+    """For workers with no limits configured: nothing to wait for, nothing to record."""
+
+    async def acquire(self, worker: str, quotas: Quotas, tokens: int) -> QuotaLease:
+        return _FreeLease()
+
+
+@dataclass
+class _FreeLease:
+    waited_s: float = 0.0
+
+    async def settle(self, tokens: int | None) -> None:
+        return None

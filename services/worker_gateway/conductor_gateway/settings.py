@@ -1,0 +1,54 @@
+"""The worker gateway's settings (prefix ``CONDUCTOR_``): broker, Redis, retries, quotas."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from conductor.settings import load_settings
+from conductor_gateway.quotas import QuotaConfig
+from conductor_gateway.retry import RetryPolicy
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CONDUCTOR_", extra="ignore")
+
+    # Celery broker (Redis or RabbitMQ). Unset: embedded mode, calls run in-process.
+    broker_url: str | None = None
+    # Where task results go (the caller waits on them). Unset: the Redis below.
+    result_backend: str | None = None
+    # Shared quotas (and, by default, results) live here, under the key prefix.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "conductor:"
+
+    retry_max_attempts: int = Field(default=4, ge=1, le=20)
+    retry_base_delay_s: float = Field(default=0.5, ge=0)
+    retry_max_delay_s: float = Field(default=20.0, ge=0)
+    retry_after_cap_s: float = Field(default=60.0, ge=0)
+
+    quota_window_s: float = Field(default=60.0, gt=0)
+    quota_skew_s: float = Field(default=0.25, ge=0)
+    quota_lease_s: float = Field(default=30.0, gt=0)
+
+    # Calls one gateway process holds in flight (Celery thread-pool size).
+    gateway_concurrency: int = Field(default=500, ge=1, le=5000)
+    # Redis broker only: a task unacknowledged this long is handed to another gateway. Must
+    # exceed the longest call (retries and quota waits included), or calls run twice.
+    broker_visibility_timeout_s: int = Field(default=3600, ge=10)
+
+    @classmethod
+    def load(cls) -> GatewaySettings:
+        return load_settings(cls)
+
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=self.retry_max_attempts,
+            base_delay_s=self.retry_base_delay_s,
+            max_delay_s=self.retry_max_delay_s,
+            retry_after_cap_s=self.retry_after_cap_s,
+        )
+
+    def quota_config(self) -> QuotaConfig:
+        return QuotaConfig(
+            window_s=self.quota_window_s, skew_s=self.quota_skew_s, lease_s=self.quota_lease_s
+        )
