@@ -13,7 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from conductor.traces.db import make_engine, normalize_url, redact_url
 
-pytest_plugins = ["fakes.fixtures"]
+pytest_plugins = ["fakes.fixtures", "fakes.brokers"]
 
 DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 

@@ -356,6 +356,38 @@ async def test_stream_from_the_default_answer(
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "echo: Hi"
 
 
+def _without_event_lines(events: list[str]) -> list[str]:
+    return [
+        "".join(line for line in e.splitlines(True) if not line.startswith("event:"))
+        for e in events
+    ]
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        # Unknown event kinds are skipped unread, as the streaming docs ask of clients.
+        [
+            *stream_events("Still fine.")[:2],
+            "event: future_kind\ndata: <not json>\n\n",
+            *stream_events("Still fine.")[2:],
+        ],
+        # No ``event:`` lines: the data's own "type" names the event.
+        _without_event_lines(stream_events("Still fine.")),
+    ],
+    ids=["unknown-event", "no-event-lines"],
+)
+async def test_stream_tolerates_what_the_docs_allow(
+    fake: FakeAnthropicServer, worker: AnthropicWorker, events: list[str]
+) -> None:
+    fake.enqueue(ScriptedResponse(events=events))
+
+    result = await call_streamed(worker)
+
+    assert result.text == "Still fine."
+    assert result.finish_reason == "end_turn"
+
+
 async def test_stream_cut_midway_is_interrupted_and_shows_no_partial_text(
     fake: FakeAnthropicServer, worker: AnthropicWorker
 ) -> None:
@@ -417,12 +449,20 @@ async def test_error_or_garbage_mid_stream_raises(
     assert caught.value.retryable
 
 
+@pytest.mark.parametrize(
+    ("events", "says"),
+    [
+        (stream_events("Hi")[1:], "message_delta before message_start"),
+        ([sse("message_stop", {"type": "message_stop"})], "message_stop without message_start"),
+    ],
+)
 async def test_stream_without_message_start_is_malformed(
-    fake: FakeAnthropicServer, worker: AnthropicWorker
+    fake: FakeAnthropicServer, worker: AnthropicWorker, events: list[str], says: str
 ) -> None:
-    fake.enqueue(ScriptedResponse(events=stream_events("Hi")[1:]))
+    # message_start carries the input counts: without it the usage would be a guess.
+    fake.enqueue(ScriptedResponse(events=events))
 
-    with pytest.raises(MalformedResponse, match="message_start"):
+    with pytest.raises(MalformedResponse, match=says):
         await call_streamed(worker)
 
 

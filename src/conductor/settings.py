@@ -12,7 +12,7 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from conductor.errors import ConfigurationError
-from conductor.pool import BUILTIN_SMOLLM2
+from conductor.pool import BUILTIN_SMOLLM2, Pool, default_pool, load_pool_file
 
 
 def default_data_dir() -> Path:
@@ -66,3 +66,10 @@ def load_settings(cls: type[SettingsT]) -> SettingsT:
             for err in exc.errors()
         )
         raise ConfigurationError(f"invalid setting: {problems}") from None
+
+
+def load_pool(settings: Settings) -> Pool:
+    """The pool every service uses: the pool file if one is set, else the default pool."""
+    if settings.pool_file is not None:
+        return load_pool_file(settings.pool_file)
+    return default_pool(local_model=settings.local_model)

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine
 
 from conductor.llamacpp import EngineOptions
-from conductor.pool import Pool, WorkerSpec, default_pool, load_pool_file
+from conductor.pool import Pool, WorkerSpec
 from conductor.ports import PlannerBackend, WorkflowObserver
-from conductor.settings import Settings
+from conductor.settings import Settings, load_pool
 from conductor.traces.db import make_engine, upgrade
 from conductor.traces.store import TraceStore
 from conductor_aggregator.executor import WorkflowExecutor
@@ -25,12 +25,6 @@ from conductor_gateway.registry import build_workers
 from conductor_gateway.settings import GatewaySettings
 from conductor_planner import ConductorPlanner
 from conductor_planner.backends import create_backend
-
-
-def load_pool(settings: Settings) -> Pool:
-    if settings.pool_file is not None:
-        return load_pool_file(settings.pool_file)
-    return default_pool(local_model=settings.local_model)
 
 
 @dataclass

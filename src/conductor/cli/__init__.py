@@ -9,6 +9,7 @@ import typer
 
 from conductor.cli.ask import ask
 from conductor.cli.db import db_app
+from conductor.cli.gateway import gateway
 from conductor.cli.pool import pool
 from conductor.errors import ConductorError
 
@@ -21,6 +22,7 @@ app = typer.Typer(
 )
 app.command()(ask)
 app.command()(pool)
+app.command()(gateway)
 app.add_typer(db_app, name="db")
 
 

@@ -8,15 +8,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from conductor.settings import get_settings
+from conductor.settings import get_settings, load_pool
 
 
 def pool(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """List the worker pool (CONDUCTOR_POOL_FILE, or the default pool) with availability."""
-    from conductor_aggregator.embedded import load_pool
-
     workers = load_pool(get_settings()).workers
     reasons = [w.availability() for w in workers]
     rows = [

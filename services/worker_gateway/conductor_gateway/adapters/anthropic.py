@@ -89,7 +89,7 @@ def parse_response(body: Any) -> Completion:
     parts: list[str] = []
     for number, raw in enumerate(content):
         block = json_object(raw, f"content[{number}]")
-        if True:  # thinking, tool_use and the like are not the answer
+        if block.get("type") == "text":  # thinking, tool_use and the like are not the answer
             text = block.get("text")
             if not isinstance(text, str):
                 raise MalformedResponse(

@@ -63,9 +63,7 @@ def build_request(
     """
     system = [m.content for m in messages if m.role == "system"]
     contents: list[dict[str, Any]] = []
-    for message in messages:
-        if message.role == "system":
-            continue
+    for message in (m for m in messages if m.role != "system"):
         role = ROLES[message.role]
         if contents and contents[-1]["role"] == role:
             part = contents[-1]["parts"][0]
@@ -90,38 +88,29 @@ def parse_response(body: Any, model: str) -> Completion:
     response = json_object(body, "response")
     if "error" in response and "candidates" not in response:
         raise MalformedResponse(f"2xx response carries an error: {error_detail(response)}")
-    candidates = response.get("candidates")
-    if not candidates:
-        _check_prompt_feedback(response)
-        raise MalformedResponse(f"'candidates' must be a non-empty list, got {kind(candidates)}")
-    if not isinstance(candidates, list):
-        raise MalformedResponse(f"'candidates' must be a list, got {kind(candidates)}")
-    texts, finish_reason = _read_candidate(candidates[0])
+    texts, finish_reason, usage, model = _read_chunk(response, model)
+    if not response.get("candidates"):
+        got = kind(response.get("candidates"))
+        raise MalformedResponse(f"'candidates' must be a non-empty list, got {got}")
+    if usage is None:
+        raise MalformedResponse("usageMetadata must be an object, got null")
     text = "".join(texts)
     _check_withheld(finish_reason, has_text=bool(text))
-    return Completion(
-        text=text,
-        usage=parse_usage(response.get("usageMetadata")),
-        model=_model_version(response) or model,
-        finish_reason=finish_reason,
-    )
+    return Completion(text=text, usage=usage, model=model, finish_reason=finish_reason)
 
 
 def parse_usage(raw: Any) -> Usage:
     """Gemini usageMetadata; required, since cost accounting and token quotas depend on it."""
     usage = json_object(raw, "usageMetadata")
-    thoughts = token_count(
-        usage.get("thoughtsTokenCount"), "usageMetadata.thoughtsTokenCount", default=0
-    )
-    candidates = token_count(
-        usage.get("candidatesTokenCount"), "usageMetadata.candidatesTokenCount", default=0
-    )
+
+    def count(field: str, default: int | None = 0) -> int:
+        return token_count(usage.get(field), f"usageMetadata.{field}", default=default)
+
+    thoughts = count("thoughtsTokenCount")
     return Usage(
-        prompt_tokens=token_count(usage.get("promptTokenCount"), "usageMetadata.promptTokenCount"),
-        completion_tokens=candidates + thoughts,
-        cached_tokens=token_count(
-            usage.get("cachedContentTokenCount"), "usageMetadata.cachedContentTokenCount", default=0
-        ),
+        prompt_tokens=count("promptTokenCount", default=None),
+        completion_tokens=count("candidatesTokenCount") + thoughts,
+        cached_tokens=count("cachedContentTokenCount"),
         reasoning_tokens=thoughts,
     )
 
@@ -142,7 +131,7 @@ async def read_stream(
         if not event.data.strip():
             continue
         try:
-            texts, finish, chunk_usage, model = _read_chunk(event.data, model)
+            texts, finish, chunk_usage, model = _read_chunk(_decode(event.data), model)
             usage = chunk_usage or usage
             answered = answered or any(texts)
             finish_reason = finish or finish_reason
@@ -160,15 +149,11 @@ async def read_stream(
     yield StreamEnd(usage=usage, finish_reason=finish_reason, model=model)
 
 
-def _read_chunk(data: str, model: str) -> tuple[list[str], str | None, Usage | None, str]:
-    """One stream chunk's text pieces, finish reason, usage (None when absent) and model."""
-    try:
-        decoded = json.loads(data)
-    except ValueError as exc:
-        raise MalformedResponse(f"stream chunk is not JSON: {truncate(data)!r}") from exc
-    chunk = json_object(decoded, "stream chunk")
-    if "error" in chunk:
-        raise _stream_error(chunk)
+def _read_chunk(
+    chunk: dict[str, Any], model: str
+) -> tuple[list[str], str | None, Usage | None, str]:
+    """A response's (or stream chunk's) text pieces, finish reason, usage and model; no
+    candidates is no text, unless the prompt was blocked."""
     raw_usage = chunk.get("usageMetadata")
     usage = None if raw_usage is None else parse_usage(raw_usage)
     model = _model_version(chunk) or model
@@ -180,6 +165,16 @@ def _read_chunk(data: str, model: str) -> tuple[list[str], str | None, Usage | N
         raise MalformedResponse(f"'candidates' must be a list, got {kind(candidates)}")
     texts, finish_reason = _read_candidate(candidates[0])
     return texts, finish_reason, usage, model
+
+
+def _decode(data: str) -> dict[str, Any]:
+    try:
+        chunk = json_object(json.loads(data), "stream chunk")
+    except ValueError as exc:  # MalformedResponse is no ValueError: it passes through
+        raise MalformedResponse(f"stream chunk is not JSON: {truncate(data)!r}") from exc
+    if "error" in chunk:
+        raise _stream_error(chunk)
+    return chunk
 
 
 def _stream_error(chunk: dict[str, Any]) -> WorkerError:
@@ -302,13 +297,9 @@ class GeminiWorker:
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> Completion:
         payload = build_request(messages, max_tokens, temperature)
+        url = f"{self.url}:generateContent"
         body = await post_json(
-            self._client,
-            f"{self.url}:generateContent",
-            self._headers,
-            payload,
-            self.timeout_s,
-            self.provider,
+            self._client, url, self._headers, payload, self.timeout_s, self.provider
         )
         try:
             return parse_response(body, self.model)
@@ -319,13 +310,9 @@ class GeminiWorker:
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> AsyncIterator[StreamEvent]:
         payload = build_request(messages, max_tokens, temperature)
+        url = f"{self.url}:streamGenerateContent?alt=sse"
         events = stream_sse(
-            self._client,
-            f"{self.url}:streamGenerateContent?alt=sse",
-            self._headers,
-            payload,
-            self.timeout_s,
-            self.provider,
+            self._client, url, self._headers, payload, self.timeout_s, self.provider
         )
         return read_stream(events, self.provider, self.model, self._api_key)
 

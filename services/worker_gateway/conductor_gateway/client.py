@@ -1,0 +1,104 @@
+"""The caller's side of the gateway queues: a StepRunner that sends each call as a Celery task.
+
+Replies come back on one Redis list per runner, read by one background task that resolves the
+waiting calls by id, so hundreds of calls in flight cost one Redis connection, not hundreds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+from celery import Celery
+
+from conductor.chat import ChatMessage
+from conductor.pool import Pool
+from conductor.ports import StepCallFailed, StepCallResult
+from conductor_gateway.messages import CALL_WORKER_TASK, CallReply, CallRequest, queue_for
+
+logger = logging.getLogger(__name__)
+
+
+class QueuedStepRunner:
+    """Implements the StepRunner port over the ``gateway.<vendor>`` queues."""
+
+    def __init__(
+        self,
+        app: Celery,
+        pool: Pool,
+        redis: aioredis.Redis,
+        *,
+        prefix: str = "conductor:",
+        worker_names: frozenset[str] | None = None,
+        reply_timeout_s: float = 900.0,
+    ) -> None:
+        self.app = app
+        self.pool = pool
+        self.redis = redis
+        self.reply_timeout_s = reply_timeout_s
+        self.reply_to = f"{prefix}replies:{uuid.uuid4().hex}"
+        self._names = worker_names or frozenset(w.name for w in pool.available())
+        self._waiting: dict[str, asyncio.Future[CallReply]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def worker_names(self) -> frozenset[str]:
+        return self._names
+
+    async def call(self, worker: str, messages: Sequence[ChatMessage]) -> StepCallResult:
+        spec = self.pool.get(worker)
+        request = CallRequest(
+            call_id=uuid.uuid4().hex, worker=worker, messages=list(messages), reply_to=self.reply_to
+        )
+        reply_future: asyncio.Future[CallReply] = asyncio.get_running_loop().create_future()
+        self._waiting[request.call_id] = reply_future
+        self._ensure_reader()
+        try:
+            await asyncio.to_thread(
+                self.app.send_task,
+                CALL_WORKER_TASK,
+                args=[request.model_dump(mode="json")],
+                queue=queue_for(spec),
+            )
+            reply = await asyncio.wait_for(reply_future, self.reply_timeout_s)
+        except TimeoutError:
+            raise StepCallFailed(
+                f"{worker}: no reply from the gateway within {self.reply_timeout_s:g} s "
+                f"(is a gateway consuming {queue_for(spec)}?)",
+                [],
+            ) from None
+        finally:
+            self._waiting.pop(request.call_id, None)
+        if reply.ok and reply.result is not None:
+            return reply.result
+        raise StepCallFailed(reply.error or "the gateway reported a failure", reply.attempts)
+
+    def _ensure_reader(self) -> None:
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read_replies())
+
+    async def _read_replies(self) -> None:
+        while True:
+            try:
+                item = await self.redis.blpop([self.reply_to], timeout=1)
+            except aioredis.RedisError as exc:  # Redis restarting: keep waiting, replies keep
+                logger.warning("reading gateway replies: %s; retrying", exc)
+                await asyncio.sleep(0.5)
+                continue
+            if item is None:
+                continue
+            reply = CallReply.model_validate_json(item[1])
+            future = self._waiting.get(reply.call_id)
+            if future is not None and not future.done():
+                future.set_result(reply)
+            # Else a duplicate (a redelivered call answered twice) or a call that gave up.
+
+    async def aclose(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
