@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import itertools
 import math
 import re
 import time
@@ -37,12 +38,34 @@ SECRET_HEADERS = ("authorization", "api-key", "x-api-key", "x-goog-api-key")
 
 # No hidden cap on connections: the gateway's concurrency quota decides how many calls are in
 # flight, and a pool limit here would surface as spurious PoolTimeouts under load.
-DEFAULT_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=200)
+DEFAULT_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+POOL_SHARDS = 16
+
+
+class ShardedTransport(httpx.AsyncBaseTransport):
+    """Spreads requests round-robin over several httpx connection pools.
+
+    Why: httpcore's pool rescans every connection it holds whenever a request starts or ends
+    (quadratic in calls in flight; encode/httpcore#1035). Measured here with 500 calls of 1 s
+    in one process, one pool spent 15-20 s of CPU in that scan; 16 pools of ~30 connections
+    make it negligible. Each shard is a stock ``AsyncHTTPTransport`` (which never retries).
+    """
+
+    def __init__(self, shards: int = POOL_SHARDS, limits: httpx.Limits = DEFAULT_LIMITS) -> None:
+        self._shards = [httpx.AsyncHTTPTransport(limits=limits) for _ in range(shards)]
+        self._next = itertools.cycle(range(shards))
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._shards[next(self._next)].handle_async_request(request)
+
+    async def aclose(self) -> None:
+        for shard in self._shards:
+            await shard.aclose()
 
 
 def new_client() -> httpx.AsyncClient:
     """An AsyncClient for provider calls. httpx never retries by itself (the gateway does)."""
-    return httpx.AsyncClient(limits=DEFAULT_LIMITS)
+    return httpx.AsyncClient(transport=ShardedTransport())
 
 
 async def post_json(

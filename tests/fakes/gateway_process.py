@@ -31,28 +31,33 @@ class GatewayProcess:
         *,
         queues: str,
         concurrency: int = 50,
+        loglevel: str = "INFO",
     ) -> None:
         self.env = {**os.environ, **env}
         self.log_path = log_path
         self.queues = queues
         self.concurrency = concurrency
+        self.loglevel = loglevel
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
     def start(self, ready_timeout_s: float = 60.0) -> Self:
         self._log = self.log_path.open("ab")
         command = [sys.executable, "-c", ENTRY, "gateway", "-Q", self.queues]
-        command += ["-c", str(self.concurrency), "-l", "INFO"]
+        command += ["-c", str(self.concurrency), "-l", self.loglevel]
         self.process = subprocess.Popen(
             command, env=self.env, stdout=self._log, stderr=subprocess.STDOUT
         )
         deadline = time.monotonic() + ready_timeout_s
-        while b" ready." not in self.log_path.read_bytes():
+        while not self._ready():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"the gateway did not start; its log:\n{self.log()}")
             time.sleep(0.1)
         return self
+
+    def _ready(self) -> bool:
+        return b"conductor gateway: ready" in self.log_path.read_bytes()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:]

@@ -8,6 +8,7 @@ broker hands the message to another gateway, which makes the call again.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from typing import Any
@@ -30,7 +31,10 @@ from conductor_gateway.settings import GatewaySettings
 logger = logging.getLogger(__name__)
 
 REPLY_TTL_S = 24 * 3600  # an unread reply is kept a day, then expires
-INFRA_RETRIES = 10  # Redis unreachable while replying: the message is re-queued this often
+INFRA_RETRIES = 10  # times a task whose reply cannot be delivered is re-queued
+REPLY_ATTEMPTS = 8  # about a minute of Redis being unreachable before the task is re-queued
+REDIS_CONNECTIONS = 64  # per gateway process; calls queue for one rather than fail
+PUSH_REPLY = "redis.call('LPUSH', KEYS[1], ARGV[1]); redis.call('EXPIRE', KEYS[1], ARGV[2])"
 
 
 def celery_config(settings: GatewaySettings) -> dict[str, Any]:
@@ -77,10 +81,18 @@ class GatewayProcess:
             self.redis, prefix=settings.redis_prefix, config=settings.quota_config()
         )
         self.gateway = WorkerGateway(pool, workers, quotas=quotas, policy=settings.retry_policy())
+        # One script rather than a MULTI pipeline: redis-py builds each pipeline object at a
+        # cost that showed in profiles at hundreds of replies a second.
+        self._push_reply = self.redis.register_script(PUSH_REPLY)
 
     async def _connect(self) -> aioredis.Redis:
-        # Created on the loop that will use it: redis.asyncio clients belong to one loop.
-        return aioredis.from_url(self.settings.redis_url)
+        # Created on the loop that will use it: redis.asyncio clients belong to one loop. A
+        # blocking pool makes hundreds of concurrent calls queue for a few connections instead
+        # of failing with "Too many connections".
+        pool = aioredis.BlockingConnectionPool.from_url(
+            self.settings.redis_url, max_connections=REDIS_CONNECTIONS, timeout=30
+        )
+        return aioredis.Redis(connection_pool=pool)
 
     def handle(self, request: CallRequest) -> CallReply:
         return self.loop.run(self._handle(request))
@@ -97,11 +109,20 @@ class GatewayProcess:
             )
         except ConductorError as exc:  # unknown worker, bad configuration
             reply = CallReply(call_id=request.call_id, ok=False, error=str(exc))
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.lpush(request.reply_to, reply.model_dump_json())
-            pipe.expire(request.reply_to, REPLY_TTL_S)
-            await pipe.execute()
+        await self._deliver(request.reply_to, reply.model_dump_json())
         return reply
+
+    async def _deliver(self, reply_to: str, body: str) -> None:
+        """Push the reply, retrying here: a Redis blip must not make the provider call again."""
+        for attempt in range(REPLY_ATTEMPTS):
+            try:
+                await self._push_reply(keys=[reply_to], args=[body, REPLY_TTL_S])
+                return
+            except (OSError, aioredis.RedisError) as exc:
+                if attempt == REPLY_ATTEMPTS - 1:
+                    raise
+                logger.warning("cannot push a reply (%s); trying again", exc)
+                await asyncio.sleep(min(0.5 * 2**attempt, 10))
 
     def close(self) -> None:
         async def shutdown() -> None:
@@ -137,7 +158,8 @@ def create_celery(settings: GatewaySettings | None = None) -> Celery:
         try:
             process().handle(parsed)
         except (OSError, aioredis.RedisError) as exc:
-            logger.warning("call %s: cannot reply (%s); re-queued", parsed.call_id, exc)
+            # Redis stayed unreachable: re-queue, and the call is made again on redelivery.
+            logger.error("call %s: cannot reply (%s); re-queued", parsed.call_id, exc)
             raise self.retry(exc=exc, countdown=2) from exc
 
     app.conf.gateway_process = holder  # for shutdown by the worker command

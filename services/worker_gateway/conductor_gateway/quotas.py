@@ -45,7 +45,10 @@ class QuotaConfig:
 
 
 class QuotaLease(Protocol):
-    waited_s: float
+    @property
+    def waited_s(self) -> float:
+        """Seconds the call waited for room under the quotas."""
+        ...
 
     async def settle(self, tokens: int | None) -> None:
         """Record the call's real token count (None: keep the estimate) and free its slot."""
@@ -95,6 +98,8 @@ class MemoryQuotas:
         self._lock = threading.Lock()
 
     async def acquire(self, worker: str, quotas: Quotas, tokens: int) -> QuotaLease:
+        if not limited(quotas):
+            return FREE_LEASE
         lease_id, tokens = uuid.uuid4().hex, reserve(quotas, tokens)
         started = time.monotonic()
         while True:
@@ -161,16 +166,14 @@ class _MemoryLease:
         self.store._settle(self.worker, self.lease_id, tokens)
 
 
-class NoQuotas:
-    """For workers with no limits configured: nothing to wait for, nothing to record."""
-
-    async def acquire(self, worker: str, quotas: Quotas, tokens: int) -> QuotaLease:
-        return _FreeLease()
-
-
-@dataclass
+@dataclass(frozen=True)
 class _FreeLease:
+    """The lease of a worker with no limits: nothing to wait for, nothing to record."""
+
     waited_s: float = 0.0
 
     async def settle(self, tokens: int | None) -> None:
         return None
+
+
+FREE_LEASE = _FreeLease()

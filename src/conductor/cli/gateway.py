@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 
 import typer
 
@@ -26,6 +27,8 @@ def gateway(
     Needs CONDUCTOR_BROKER_URL (Redis or RabbitMQ) and CONDUCTOR_REDIS_URL (shared quotas and
     replies). Every replica reads the same pool file (CONDUCTOR_POOL_FILE) and key variables.
     """
+    from celery.signals import worker_ready
+
     from conductor.settings import get_settings, load_pool
     from conductor_gateway.celery_app import create_celery, shutdown
     from conductor_gateway.messages import queue_for
@@ -46,6 +49,12 @@ def gateway(
         "--without-gossip",
         "--without-mingle",
     ]
+
+    def announce(**_: object) -> None:
+        # Printed at any log level: scripts and tests wait for this line.
+        print(f"conductor gateway: ready, consuming {queues}", file=sys.stderr, flush=True)
+
+    worker_ready.connect(announce, weak=False)
     try:
         app.worker_main(argv)
     finally:
