@@ -103,14 +103,35 @@ def test_bad_input_is_a_clear_error_not_a_traceback(
 
 
 def test_pool_lists_unavailable_workers_with_the_reason(tmp_path: Path) -> None:
-    done = _run(["pool", "--json"], tmp_path, GEMINI_API_KEY="g-test-key")
+    pool_file = tmp_path / "pool.yaml"
+    pool_file.write_text(
+        "workers:\n"
+        "  gemini:\n    provider: gemini\n    model: gemini-2.5-flash\n"
+        "    api_key_env: GEMINI_API_KEY\n"
+        "  claude:\n    provider: anthropic\n    model: claude-sonnet-4-5\n"
+        "    api_key_env: CONDUCTOR_TEST_UNSET_KEY\n"
+    )
+    done = _run(
+        ["pool", "--json"],
+        tmp_path,
+        GEMINI_API_KEY="g-test-key",
+        CONDUCTOR_POOL_FILE=str(pool_file),
+    )
 
     assert done.returncode == 0, done.stderr
     rows = {w["name"]: w for w in json.loads(done.stdout)["workers"]}
-    assert rows["smollm2-local"]["available"] is True
-    assert rows["gemini"]["available"] is False
-    assert "no adapter" in rows["gemini"]["reason"]
+    assert rows["gemini"]["available"] is True
+    assert rows["claude"]["available"] is False
+    assert "CONDUCTOR_TEST_UNSET_KEY is not set" in rows["claude"]["reason"]
     assert "g-test-key" not in done.stdout
+
+
+def test_gateway_without_a_broker_is_a_clear_error(tmp_path: Path) -> None:
+    done = _run(["gateway"], tmp_path, CONDUCTOR_BROKER_URL="")
+
+    assert done.returncode == 2
+    assert "CONDUCTOR_BROKER_URL is not set" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_db_upgrade_creates_the_schema(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from conductor.pool import (
     Provider,
     default_pool,
     load_pool_file,
+    parse_pool,
 )
 from conductor.profiles import get_profile
 
@@ -25,10 +26,38 @@ def test_default_pool_is_the_local_worker_plus_clouds_whose_key_is_set() -> None
     pool = default_pool(environ=env)
 
     assert [w.name for w in pool.workers] == [LOCAL_WORKER_NAME, "openai", "anthropic"]
-    assert [w.name for w in pool.available(env)] == [LOCAL_WORKER_NAME, "openai"]
-    ((anthropic, reason),) = pool.unavailable(env)
-    assert anthropic.provider is Provider.ANTHROPIC
-    assert "no adapter" in reason
+    assert [w.name for w in pool.available(env)] == [LOCAL_WORKER_NAME, "openai", "anthropic"]
+    assert pool.get("anthropic").provider is Provider.ANTHROPIC
+    assert pool.unavailable(env) == []
+
+
+def test_a_worker_whose_key_variable_is_unset_is_listed_with_the_reason() -> None:
+    pool = default_pool(environ={"GEMINI_API_KEY": "g"})
+
+    ((gemini, reason),) = pool.unavailable(environ={})
+    assert gemini.name == "gemini"
+    assert reason == "environment variable GEMINI_API_KEY is not set"
+
+
+@pytest.mark.parametrize(
+    ("fallbacks", "needle"),
+    [(["ghost"], "'ghost' are not in the pool"), (["a"], "names itself as a fallback")],
+)
+def test_fallbacks_must_name_other_workers_of_the_pool(fallbacks: list[str], needle: str) -> None:
+    data = {
+        "workers": {
+            "a": {
+                "provider": "openai-compatible",
+                "model": "m",
+                "base_url": "http://x",
+                "fallbacks": fallbacks,
+            },
+            "b": {"provider": "openai-compatible", "model": "m", "base_url": "http://x"},
+        }
+    }
+
+    with pytest.raises(ConfigurationError, match=needle):
+        parse_pool(data)
 
 
 def test_pool_file_by_worker_name(tmp_path: Path) -> None:

@@ -354,6 +354,19 @@ def workflow_summary(result: WorkflowResult) -> dict[str, Any]:
                 "usage": s.usage.as_dict(),
                 "cost_usd": s.cost_usd,
                 "latency_ms": round(s.latency_ms, 1),
+                "attempts": [
+                    {
+                        "number": a.number,
+                        "worker": a.worker,
+                        "status": a.status,
+                        "error_class": a.error_class,
+                        "status_code": a.status_code,
+                        "cost_usd": a.cost_usd,
+                        "latency_ms": round(a.latency_ms, 1),
+                        "quota_wait_ms": round(a.quota_wait_ms, 1),
+                    }
+                    for a in s.attempts
+                ],
             }
             for s in result.steps
         ],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -22,6 +22,9 @@ from conductor.workflow import (
     WorkflowResult,
     WorkflowStatus,
 )
+
+if TYPE_CHECKING:  # imported lazily at run time: loading it pulls in the model engine
+    from conductor_aggregator.embedded import EmbeddedRuntime
 
 SHORT_OUTPUT_CHARS = 160
 
@@ -85,8 +88,8 @@ class ConsoleObserver:
     def __init__(self, console: Console) -> None:
         self.console = console
 
-    def show_pool(self, runtime: Any) -> None:
-        names = ", ".join(runtime.executor.workers)
+    def show_pool(self, runtime: EmbeddedRuntime) -> None:
+        names = ", ".join(entry.name for entry in runtime.executor.entries)
         self.console.print(f"[bold]Pool[/]: {escape(names)}")
         for spec, reason in runtime.unavailable:
             self.console.print(f"  [dim]unavailable: {escape(spec.name)} ({escape(reason)})[/]")
