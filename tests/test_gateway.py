@@ -41,9 +41,7 @@ async def gateway_for(fake_openai: FakeOpenAIServer) -> AsyncIterator[object]:
 
     def make(*specs: WorkerSpec, policy: RetryPolicy | None = None) -> WorkerGateway:
         pool = Pool(workers=specs or (_spec("primary", fake_openai.base_url),))
-        gateway = WorkerGateway(
-            pool, build_workers(pool), policy=policy or RetryPolicy()
-        )
+        gateway = WorkerGateway(pool, build_workers(pool), policy=policy or RetryPolicy())
         opened.append(gateway)
         return gateway
 
