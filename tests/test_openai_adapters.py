@@ -22,16 +22,25 @@ from conductor.errors import (
     ProviderTimeout,
     ProviderUnavailable,
     RateLimited,
+    StreamInterrupted,
     WorkerUnavailable,
 )
 from conductor.http_wire import retry_after_s
 from conductor.pool import Provider, WorkerSpec
 from conductor.ports import ChatWorker, PlanFormat, PlannerBackend
+from conductor.streaming import collect_stream
 from conductor_gateway.adapters.openai import OpenAICompatibleWorker
 from conductor_planner.backends.openai import OpenAIPlannerBackend
 
 from fakes.http_server import ScriptedResponse
-from fakes.openai_server import FakeOpenAIServer, completion, completion_body, error
+from fakes.openai_server import (
+    FakeOpenAIServer,
+    completion,
+    completion_body,
+    error,
+    stream_events,
+    streamed,
+)
 
 KEY = "sk-test-SECRET-0123456789"
 KEY_ENV = "FAKE_OPENAI_API_KEY"
@@ -346,3 +355,58 @@ async def test_real_llamacpp_server_answers_worker_and_structured_planner(
     assert parsed["worker"] in (0, 1, 2)
     assert 1 <= len(parsed["subtask"]) <= 60
     assert plan.usage.completion_tokens > 0
+
+
+# -- streaming ------------------------------------------------------------------------------
+
+
+async def test_stream_joins_deltas_and_reads_usage_from_the_last_chunk(
+    fake_openai: FakeOpenAIServer, worker: OpenAICompatibleWorker
+) -> None:
+    events = stream_events("Four, since 2 + 2 = 4.", prompt_tokens=12, completion_tokens=7)
+    usage_chunk = json.loads(events[-2].removeprefix("data: "))
+    usage_chunk["usage"]["completion_tokens_details"]["reasoning_tokens"] = 3
+    events[-2] = f"data: {json.dumps(usage_chunk)}\n\n"
+    fake_openai.enqueue(ScriptedResponse(events=events))
+
+    result = await collect_stream(
+        worker.stream([ChatMessage(role="user", content="2+2?")], max_tokens=64, temperature=0),
+        "test",
+    )
+
+    assert result.text == "Four, since 2 + 2 = 4."
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (12, 7)
+    assert result.usage.reasoning_tokens == 3
+    assert result.finish_reason == "stop"
+    sent = fake_openai.last_request.json
+    assert sent["stream"] is True
+    assert sent["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(
+    ("script", "error_class"),
+    [
+        (streamed("cut short here", cut_after=2), StreamInterrupted),
+        (streamed("no end marker", with_done=False), StreamInterrupted),
+        (streamed("no usage at all", with_usage=False), MalformedResponse),
+        (
+            ScriptedResponse(events=['data: {"error": {"message": "overloaded"}}\n\n']),
+            MalformedResponse,
+        ),
+        (ScriptedResponse(events=["data: {not json\n\n"]), MalformedResponse),
+        (error(503, "busy"), ProviderUnavailable),
+    ],
+)
+async def test_a_broken_stream_raises_and_never_yields_an_end(
+    fake_openai: FakeOpenAIServer,
+    worker: OpenAICompatibleWorker,
+    script: ScriptedResponse,
+    error_class: type[Exception],
+) -> None:
+    fake_openai.enqueue(script)
+
+    with pytest.raises(error_class):
+        await collect_stream(
+            worker.stream([ChatMessage(role="user", content="q")], max_tokens=8, temperature=0),
+            "test",
+        )
