@@ -12,28 +12,25 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any, cast
 
-import httpx
 from httpx_sse import ServerSentEvent
 
 from conductor.chat import ChatMessage, Completion, Usage
-from conductor.errors import ConfigurationError, MalformedResponse, ProviderUnavailable
+from conductor.errors import MalformedResponse, ProviderUnavailable
 from conductor.http_wire import (
     error_detail,
     json_object,
     kind,
-    new_client,
     post_json,
     stream_sse,
     token_count,
     truncate,
 )
-from conductor.pool import Provider, WorkerSpec
+from conductor.pool import Provider
 from conductor.streaming import StreamEnd, StreamEvent, TextDelta
-from conductor_gateway.adapters.endpoint import resolve_endpoint
+from conductor_gateway.adapters.endpoint import HttpWorker
 
 API_VERSION = "2023-06-01"
 MESSAGES_PATH = "/v1/messages"
@@ -195,51 +192,17 @@ def _string(body: Mapping[str, Any], field: str) -> str | None:
     return value
 
 
-class AnthropicWorker:
+class AnthropicWorker(HttpWorker):
     """A ChatWorker that POSTs ``{base_url}/v1/messages`` (base_url without ``/v1``)."""
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        model: str,
-        base_url: str,
-        api_key: str | None,
-        timeout_s: float = 120.0,
-        client: httpx.AsyncClient | None = None,
-    ) -> None:
-        self.name = name
-        self.model = model
-        self.timeout_s = timeout_s
-        self.url = base_url.rstrip("/") + MESSAGES_PATH
-        self.provider = f"worker {name!r}"
+    providers = frozenset({Provider.ANTHROPIC})
+    wire_format = "Anthropic Messages API"
+
+    def configure(self, base_url: str, api_key: str | None) -> None:
+        self.url = base_url + MESSAGES_PATH
         self._headers = {"anthropic-version": API_VERSION}
         if api_key:
             self._headers["x-api-key"] = api_key
-        self._owns_client = client is None
-        self._client = client if client is not None else new_client()
-
-    @classmethod
-    def from_spec(
-        cls,
-        spec: WorkerSpec,
-        environ: Mapping[str, str] = os.environ,
-        client: httpx.AsyncClient | None = None,
-    ) -> AnthropicWorker:
-        if spec.provider is not Provider.ANTHROPIC:
-            raise ConfigurationError(
-                f"worker {spec.name!r}: provider {spec.provider.value!r} does not speak the "
-                "Anthropic Messages API"
-            )
-        endpoint = resolve_endpoint(spec, environ)
-        return cls(
-            name=spec.name,
-            model=spec.model,
-            base_url=endpoint.base_url,
-            api_key=endpoint.api_key,
-            timeout_s=spec.timeout_s,
-            client=client,
-        )
 
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
@@ -268,11 +231,3 @@ class AnthropicWorker:
         async with contextlib.aclosing(source) as events:
             async for event in read_stream(events, self.provider):
                 yield event
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this object created it; a borrowed one is its owner's."""
-        if self._owns_client:
-            await self._client.aclose()
-
-    def __repr__(self) -> str:  # never the headers: they hold the key
-        return f"AnthropicWorker(name={self.name!r}, model={self.model!r}, url={self.url!r})"

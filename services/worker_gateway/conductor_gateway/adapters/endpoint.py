@@ -1,14 +1,17 @@
-"""Where a pool worker is reached and with which key: the checks every HTTP adapter shares."""
+"""Where a pool worker is reached and with which key, and the base every HTTP adapter shares."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar, Self
 
 import httpx
 
 from conductor.errors import ConfigurationError, WorkerUnavailable
-from conductor.pool import KEYED_PROVIDERS, WorkerSpec
+from conductor.http_wire import new_client
+from conductor.pool import KEYED_PROVIDERS, Provider, WorkerSpec
 
 
 @dataclass(frozen=True)
@@ -42,3 +45,72 @@ def resolve_endpoint(spec: WorkerSpec, environ: Mapping[str, str]) -> Endpoint:
             "in the pool file"
         )
     return Endpoint(base_url=base_url.rstrip("/"), api_key=api_key)
+
+
+class HttpWorker:
+    """What every HTTP adapter shares: identity, deadline, error label, HTTP client, from_spec.
+
+    Subclasses name the providers they speak and set up their URL and headers in ``configure``;
+    each makes exactly one HTTP call per ``complete`` or ``stream``.
+    """
+
+    providers: ClassVar[frozenset[Provider]]
+    wire_format: ClassVar[str]
+    url: str
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        model: str,
+        base_url: str,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.timeout_s = timeout_s
+        self.provider = f"worker {name!r}"  # how error messages name this worker
+        self._owns_client = client is None
+        self._client = client if client is not None else new_client()
+        self.configure(base_url.rstrip("/"), api_key)
+
+    def configure(self, base_url: str, api_key: str | None) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def spec_options(cls, spec: WorkerSpec) -> dict[str, Any]:
+        """Extra constructor arguments a subclass reads from the pool entry."""
+        return {}
+
+    @classmethod
+    def from_spec(
+        cls,
+        spec: WorkerSpec,
+        environ: Mapping[str, str] = os.environ,
+        client: httpx.AsyncClient | None = None,
+    ) -> Self:
+        if spec.provider not in cls.providers:
+            raise ConfigurationError(
+                f"worker {spec.name!r}: provider {spec.provider.value!r} does not speak the "
+                f"{cls.wire_format}"
+            )
+        endpoint = resolve_endpoint(spec, environ)
+        return cls(
+            name=spec.name,
+            model=spec.model,
+            base_url=endpoint.base_url,
+            api_key=endpoint.api_key,
+            timeout_s=spec.timeout_s,
+            client=client,
+            **cls.spec_options(spec),
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this worker created it; a borrowed one is its owner's."""
+        if self._owns_client:
+            await self._client.aclose()
+
+    def __repr__(self) -> str:  # never the headers: they hold the key
+        return f"{type(self).__name__}(name={self.name!r}, model={self.model!r}, url={self.url!r})"

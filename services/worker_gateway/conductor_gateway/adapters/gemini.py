@@ -14,7 +14,6 @@ apart from ``candidatesTokenCount``, so ``completion_tokens`` is their sum and
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -23,7 +22,6 @@ from httpx_sse import ServerSentEvent
 
 from conductor.chat import ChatMessage, Completion, Usage
 from conductor.errors import (
-    ConfigurationError,
     MalformedResponse,
     ProviderRejected,
     ProviderUnavailable,
@@ -34,16 +32,15 @@ from conductor.http_wire import (
     error_detail,
     json_object,
     kind,
-    new_client,
     post_json,
     retry_after_s,
     stream_sse,
     token_count,
     truncate,
 )
-from conductor.pool import Provider, WorkerSpec
+from conductor.pool import Provider
 from conductor.streaming import StreamEnd, StreamEvent, TextDelta
-from conductor_gateway.adapters.endpoint import resolve_endpoint
+from conductor_gateway.adapters.endpoint import HttpWorker
 
 API_VERSION = "v1beta"
 ROLES = {"user": "user", "assistant": "model"}
@@ -247,51 +244,17 @@ def _model_version(body: Mapping[str, Any]) -> str:
     return version
 
 
-class GeminiWorker:
+class GeminiWorker(HttpWorker):
     """A ChatWorker that POSTs ``{base_url}/v1beta/models/{model}:generateContent``."""
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        model: str,
-        base_url: str,
-        api_key: str | None,
-        timeout_s: float = 120.0,
-        client: httpx.AsyncClient | None = None,
-    ) -> None:
-        self.name = name
-        self.model = model
-        self.timeout_s = timeout_s
-        self.provider = f"worker {name!r}"
-        path = model if model.startswith("models/") else f"models/{model}"
-        self.url = f"{base_url.rstrip('/')}/{API_VERSION}/{path}"
+    providers = frozenset({Provider.GEMINI})
+    wire_format = "Gemini wire format"
+
+    def configure(self, base_url: str, api_key: str | None) -> None:
+        path = self.model if self.model.startswith("models/") else f"models/{self.model}"
+        self.url = f"{base_url}/{API_VERSION}/{path}"
         self._api_key = api_key
         self._headers = {"x-goog-api-key": api_key} if api_key else {}
-        self._owns_client = client is None
-        self._client = client if client is not None else new_client()
-
-    @classmethod
-    def from_spec(
-        cls,
-        spec: WorkerSpec,
-        environ: Mapping[str, str] = os.environ,
-        client: httpx.AsyncClient | None = None,
-    ) -> GeminiWorker:
-        if spec.provider is not Provider.GEMINI:
-            raise ConfigurationError(
-                f"worker {spec.name!r}: provider {spec.provider.value!r} does not speak the "
-                "Gemini wire format"
-            )
-        endpoint = resolve_endpoint(spec, environ)
-        return cls(
-            name=spec.name,
-            model=spec.model,
-            base_url=endpoint.base_url,
-            api_key=endpoint.api_key,
-            timeout_s=spec.timeout_s,
-            client=client,
-        )
 
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
@@ -315,11 +278,3 @@ class GeminiWorker:
             self._client, url, self._headers, payload, self.timeout_s, self.provider
         )
         return read_stream(events, self.provider, self.model, self._api_key)
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this worker created it; a borrowed one is its owner's."""
-        if self._owns_client:
-            await self._client.aclose()
-
-    def __repr__(self) -> str:  # never the headers: they hold the key
-        return f"GeminiWorker(name={self.name!r}, model={self.model!r}, url={self.url!r})"
