@@ -16,7 +16,6 @@ and its slot is freed when the lease expires.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -169,12 +168,13 @@ class _RedisLease:
     lease_id: str
     waited_s: float
     _renewer: asyncio.Task[None] | None = field(default=None, repr=False)
+    _stopped: bool = field(default=False, repr=False)
 
     def start_renewing(self, lease_s: float) -> None:
         self._renewer = asyncio.create_task(self._renew_forever(lease_s))
 
     async def _renew_forever(self, lease_s: float) -> None:
-        while True:
+        while not self._stopped:
             await asyncio.sleep(lease_s / 3)
             try:
                 await self.store._renew(
@@ -184,10 +184,14 @@ class _RedisLease:
                 logger.warning("could not renew quota lease %s: %s", self.lease_id, exc)
 
     async def settle(self, tokens: int | None) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._renewer
+        renewer = self._renewer
+        if renewer is not None:
+            self._stopped = True
+            # Cancel until it takes: redis-py's wait_for can swallow a cancel that lands as a
+            # renewal completes (Python 3.11), and a lost cancel would renew the slot forever.
+            while not renewer.done():
+                renewer.cancel()
+                await asyncio.wait({renewer}, timeout=0.05)
         await self.store._settle(
             keys=self.keys, args=[self.lease_id, -1 if tokens is None else tokens]
         )

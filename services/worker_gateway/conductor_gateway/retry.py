@@ -46,5 +46,7 @@ class RetryPolicy:
         wait = error.retry_after_s if isinstance(error, WorkerError) else None
         if wait is not None:
             return min(wait, self.retry_after_cap_s)
-        ceiling = min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1))
+        # The exponent is capped: 2 ** 1025 is too large a float, and the ceiling is reached long
+        # before anyway.
+        ceiling = min(self.max_delay_s, self.base_delay_s * 2 ** min(attempt - 1, 64))
         return self.rng.uniform(0, ceiling)
