@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -42,18 +42,9 @@ KEY_ENV = "ANTHROPIC_TEST_KEY"
 QUESTION = [ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="Hi")]
 
 
-@pytest.fixture(scope="session")
-def _fake_anthropic_server() -> Iterator[FakeAnthropicServer]:
-    with FakeAnthropicServer() as server:
-        yield server
-
-
 @pytest.fixture
-def fake(_fake_anthropic_server: FakeAnthropicServer) -> Iterator[FakeAnthropicServer]:
-    """The running fake with an empty script and log; use ``.base_url``."""
-    _fake_anthropic_server.reset()
-    yield _fake_anthropic_server
-    _fake_anthropic_server.reset()
+def fake(fake_anthropic: FakeAnthropicServer) -> FakeAnthropicServer:
+    return fake_anthropic
 
 
 def spec(base_url: str | None, **overrides: Any) -> WorkerSpec:

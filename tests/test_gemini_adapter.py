@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -46,19 +46,9 @@ QUESTION = [
 ]
 
 
-@pytest.fixture(scope="module")
-def _gemini_server() -> Iterator[FakeGeminiServer]:
-    # One server for the module: starting uvicorn costs ~0.2 s, resetting it costs nothing.
-    with FakeGeminiServer() as server:
-        yield server
-
-
 @pytest.fixture
-def fake(_gemini_server: FakeGeminiServer) -> Iterator[FakeGeminiServer]:
-    """The running fake with an empty script and log."""
-    _gemini_server.reset()
-    yield _gemini_server
-    _gemini_server.reset()
+def fake(fake_gemini: FakeGeminiServer) -> FakeGeminiServer:
+    return fake_gemini
 
 
 def spec(base_url: str | None, **overrides: Any) -> WorkerSpec:

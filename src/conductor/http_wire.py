@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import itertools
+import json
 import math
 import re
 import time
@@ -259,6 +260,15 @@ def json_object(value: Any, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise MalformedResponse(f"{where} must be an object, got {kind(value)}")
     return value
+
+
+def json_event(data: str) -> dict[str, Any]:
+    """One server-sent event's data as a JSON object; anything else is MalformedResponse."""
+    try:
+        decoded = json.loads(data)
+    except ValueError as exc:
+        raise MalformedResponse(f"stream chunk is not JSON: {truncate(data)!r}") from exc
+    return json_object(decoded, "stream chunk")
 
 
 def token_count(value: Any, where: str, *, default: int | None = None) -> int:

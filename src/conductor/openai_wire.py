@@ -8,7 +8,6 @@ maps failures onto the typed exception tree; nothing here retries.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -18,6 +17,7 @@ from conductor.chat import ChatMessage, Completion, Usage
 from conductor.errors import MalformedResponse
 from conductor.http_wire import (
     error_detail,
+    json_event,
     json_object,
     kind,
     new_client,
@@ -138,15 +138,13 @@ async def read_chat_stream(events: AsyncIterator[Any], provider: str) -> AsyncIt
 
 def _chunk(data: str, provider: str) -> dict[str, Any]:
     try:
-        chunk = json.loads(data)
-    except ValueError as exc:
-        raise MalformedResponse(
-            f"{provider}: stream chunk is not JSON: {truncate(data)!r}"
-        ) from exc
-    if isinstance(chunk, dict) and "error" in chunk:
+        chunk = json_event(data)
+    except MalformedResponse as exc:
+        raise MalformedResponse(f"{provider}: {exc}") from exc
+    if "error" in chunk:
         # Errors that happen after the 200 arrive inside the stream.
         raise MalformedResponse(f"{provider}: error inside the stream: {error_detail(chunk)}")
-    return json_object(chunk, "stream chunk")
+    return chunk
 
 
 def _model(body: Mapping[str, Any]) -> str:

@@ -114,6 +114,11 @@ class AttemptRecord(BaseModel):
     started_at: datetime
 
 
+def attempts_total(attempts: list[AttemptRecord]) -> tuple[Usage, float]:
+    """Tokens and cost of a step's attempts, failed ones included (a cut stream is billed)."""
+    return sum((a.usage for a in attempts), Usage()), sum(a.cost_usd for a in attempts)
+
+
 class StepRecord(BaseModel):
     index: int
     round: int

@@ -43,6 +43,7 @@ from conductor.workflow import (
     StepStatus,
     WorkflowResult,
     WorkflowStatus,
+    attempts_total,
 )
 
 logger = logging.getLogger(__name__)
@@ -271,8 +272,7 @@ class WorkflowExecutor:
             attempts = exc.attempts if isinstance(exc, StepCallFailed) else []
             record.latency_ms = (time.perf_counter() - clock) * 1000
             record.attempts = attempts
-            record.usage = sum((a.usage for a in attempts), Usage())
-            record.cost_usd = sum(a.cost_usd for a in attempts)
+            record.usage, record.cost_usd = attempts_total(attempts)
             record.status, record.error = StepStatus.FAILED, f"{type(exc).__name__}: {exc}"
             await self._mark_finished(result, record)
             raise WorkflowFailed(

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
-from conductor.chat import ChatMessage, Completion, Usage
+from conductor.chat import ChatMessage, Completion
 from conductor.errors import (
     ProviderAuthError,
     ProviderTimeout,
@@ -26,7 +26,7 @@ from conductor.errors import (
 from conductor.pool import Pool, WorkerSpec
 from conductor.ports import ChatWorker, StepCallFailed, StepCallResult
 from conductor.streaming import collect_stream
-from conductor.workflow import AttemptRecord
+from conductor.workflow import AttemptRecord, attempts_total
 from conductor_gateway.quotas import MemoryQuotas, QuotaStore, estimate_tokens
 from conductor_gateway.retry import RetryPolicy
 
@@ -72,13 +72,13 @@ class WorkerGateway:
                 if not (exc.retryable or isinstance(exc, FALLBACK_ON)):
                     break
                 continue
-            usage = sum((a.usage for a in attempts), Usage())
+            usage, cost = attempts_total(attempts)
             return StepCallResult(
                 text=completion.text,
                 worker=name,
                 finish_reason=completion.finish_reason,
                 usage=usage,
-                cost_usd=sum(a.cost_usd for a in attempts),
+                cost_usd=cost,
                 attempts=attempts,
             )
         raise StepCallFailed("; ".join(errors) or f"{worker}: no attempt made", attempts)

@@ -11,7 +11,6 @@ onto the typed errors in ``conductor.http_wire``; the adapter makes exactly one 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -21,16 +20,17 @@ from conductor.chat import ChatMessage, Completion, Usage
 from conductor.errors import MalformedResponse, ProviderUnavailable
 from conductor.http_wire import (
     error_detail,
+    json_event,
     json_object,
     kind,
     post_json,
     stream_sse,
     token_count,
-    truncate,
 )
 from conductor.pool import Provider
 from conductor.streaming import StreamEnd, StreamEvent, TextDelta
 from conductor_gateway.adapters.endpoint import HttpWorker
+from conductor_gateway.adapters.turns import system_and_turns
 
 API_VERSION = "2023-06-01"
 MESSAGES_PATH = "/v1/messages"
@@ -49,16 +49,8 @@ def build_request(
     stream: bool = False,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /v1/messages``: system lifted out, turns merged to alternate."""
-    system = [m.content for m in messages if m.role == "system"]
-    turns: list[dict[str, str]] = []
-    for message in messages:
-        if message.role == "system":
-            continue
-        if turns and turns[-1]["role"] == message.role:
-            # Consecutive same-role turns are refused by the API; one turn keeps both texts.
-            turns[-1]["content"] += "\n\n" + message.content
-        else:
-            turns.append({"role": message.role, "content": message.content})
+    system, merged = system_and_turns(messages)
+    turns = [{"role": role, "content": text} for role, text in merged]
     if turns and turns[0]["role"] == "assistant":
         turns.insert(0, {"role": "user", "content": OPENING_USER_TURN})
     payload: dict[str, Any] = {
@@ -67,8 +59,8 @@ def build_request(
         "messages": turns,
         "temperature": min(max(temperature, 0.0), MAX_TEMPERATURE),
     }
-    if system:
-        payload["system"] = "\n\n".join(system)
+    if system is not None:
+        payload["system"] = system
     if stream:
         payload["stream"] = True
     return payload
@@ -177,12 +169,9 @@ async def read_stream(
 
 def _event_data(data: str, provider: str) -> dict[str, Any]:
     try:
-        decoded = json.loads(data)
-    except ValueError as exc:
-        raise MalformedResponse(
-            f"{provider}: stream event is not JSON: {truncate(data)!r}"
-        ) from exc
-    return json_object(decoded, "stream event")
+        return json_event(data)
+    except MalformedResponse as exc:
+        raise MalformedResponse(f"{provider}: {exc}") from exc
 
 
 def _string(body: Mapping[str, Any], field: str) -> str | None:

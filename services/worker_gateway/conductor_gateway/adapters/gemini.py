@@ -13,7 +13,6 @@ apart from ``candidatesTokenCount``, so ``completion_tokens`` is their sum and
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -30,17 +29,18 @@ from conductor.errors import (
 )
 from conductor.http_wire import (
     error_detail,
+    json_event,
     json_object,
     kind,
     post_json,
     retry_after_s,
     stream_sse,
     token_count,
-    truncate,
 )
 from conductor.pool import Provider
 from conductor.streaming import StreamEnd, StreamEvent, TextDelta
 from conductor_gateway.adapters.endpoint import HttpWorker
+from conductor_gateway.adapters.turns import system_and_turns
 
 API_VERSION = "v1beta"
 ROLES = {"user": "user", "assistant": "model"}
@@ -58,21 +58,14 @@ def build_request(
 
     Consecutive turns of one role are merged, since Gemini expects the roles to alternate.
     """
-    system = [m.content for m in messages if m.role == "system"]
-    contents: list[dict[str, Any]] = []
-    for message in (m for m in messages if m.role != "system"):
-        role = ROLES[message.role]
-        if contents and contents[-1]["role"] == role:
-            part = contents[-1]["parts"][0]
-            part["text"] = f"{part['text']}\n\n{message.content}"
-        else:
-            contents.append({"role": role, "parts": [{"text": message.content}]})
+    system, turns = system_and_turns(messages)
+    contents = [{"role": ROLES[role], "parts": [{"text": text}]} for role, text in turns]
     payload: dict[str, Any] = {
         "contents": contents,
         "generationConfig": {"maxOutputTokens": max_tokens, "temperature": temperature},
     }
-    if system:
-        payload["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}
+    if system is not None:
+        payload["systemInstruction"] = {"parts": [{"text": system}]}
     return payload
 
 
@@ -165,10 +158,7 @@ def _read_chunk(
 
 
 def _decode(data: str) -> dict[str, Any]:
-    try:
-        chunk = json_object(json.loads(data), "stream chunk")
-    except ValueError as exc:  # MalformedResponse is no ValueError: it passes through
-        raise MalformedResponse(f"stream chunk is not JSON: {truncate(data)!r}") from exc
+    chunk = json_event(data)
     if "error" in chunk:
         raise _stream_error(chunk)
     return chunk
