@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     # GGUF model of the local worker and of the llamacpp planner: a path or builtin:smollm2.
     local_model: str = BUILTIN_SMOLLM2
 
+    # Distributed mode: the planner service's gRPC address (host:port).
+    planner_addr: str = "127.0.0.1:50051"
+
     planner_backend: Literal["llamacpp", "openai", "transformers", "vllm"] = "llamacpp"
     # llamacpp: a GGUF path (default: local_model). openai: the model name at planner_base_url.
     planner_model: str | None = None
