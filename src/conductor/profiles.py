@@ -21,6 +21,10 @@ class Profile(BaseModel):
     parallel: bool = True
     planner_temperature: float = Field(default=0.3, ge=0, le=2)
     planner_max_tokens: int = Field(default=1024, gt=0)
+    # Deadlines: a step (or a Conductor call) with no answer in step_timeout_s is sent again
+    # once, then fails; a workflow still running after workflow_timeout_s fails.
+    step_timeout_s: float = Field(default=600.0, gt=0)
+    workflow_timeout_s: float = Field(default=1800.0, gt=0)
 
 
 BUILTIN_PROFILES: dict[str, Profile] = {

@@ -1,59 +1,35 @@
-"""Runs workflows in-process: plan, execute the plan as a graph, recurse, finish.
+"""Runs workflows in-process: the embedded driver of the workflow state machine.
 
-Every step whose access list is satisfied starts at once, so independent steps overlap in time.
-A plan whose last step names the Conductor triggers one more planning round (bounded by the
-profile's recursion rounds and by fewer than twice the first plan's calls). Observers see each
-event as it happens; the trace store and the CLI are observers.
+The machine (conductor.machine) decides; this driver performs its actions as asyncio tasks, so
+every step whose access list is satisfied runs at once and independent steps overlap in time.
+Observers see each event as it happens; the trace store and the CLI are observers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
-from conductor.chat import Usage
 from conductor.errors import ConfigurationError, InvalidRequest
-from conductor.orchestration import (
-    CONDUCTOR_WORKER,
-    build_messages,
-    recursion_budget,
-    resolve_visible_steps,
-    round_limits,
+from conductor.machine import (
+    Action,
+    Dispatch,
+    EventKind,
+    MachineEvent,
+    RequestPlan,
+    WorkflowMachine,
 )
 from conductor.pool import Pool
-from conductor.ports import (
-    Planner,
-    PlanRequest,
-    PriorRound,
-    StepCallFailed,
-    StepRunner,
-    WorkflowObserver,
-)
+from conductor.ports import Planner, StepCallFailed, StepRunner, WorkflowObserver
 from conductor.profiles import Profile
-from conductor.workflow import (
-    PlanOutcome,
-    PoolEntry,
-    StepKind,
-    StepRecord,
-    StepStatus,
-    WorkflowResult,
-    WorkflowStatus,
-    attempts_total,
-)
+from conductor.workflow import PoolEntry, WorkflowResult
 
 logger = logging.getLogger(__name__)
 
 MAX_QUESTION_CHARS = 100_000
-CONDUCTOR_ENTRY = PoolEntry(name=CONDUCTOR_WORKER, description="the Conductor", is_conductor=True)
-
-
-class WorkflowFailed(Exception):
-    """Ends a workflow in the failed state with a reason users can read."""
 
 
 def check_question(question: str) -> None:
@@ -63,8 +39,9 @@ def check_question(question: str) -> None:
         raise InvalidRequest(f"the question is longer than {MAX_QUESTION_CHARS} characters")
 
 
-def _now() -> datetime:
-    return datetime.now(UTC)
+def step_error(exc: BaseException) -> str:
+    """How a failed step call is recorded: the error class and its message."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 class WorkflowExecutor:
@@ -97,221 +74,96 @@ class WorkflowExecutor:
         check_question(question)
         if not self.entries:
             raise ConfigurationError("no worker in the pool can be called")
-        result = WorkflowResult(
+        machine = WorkflowMachine.start(
             workflow_id=workflow_id or uuid.uuid4(),
-            variant=profile.name,
             question=question,
-            status=WorkflowStatus.RUNNING,
-            planner_calls=[],
-            steps=[],
-            created_at=_now(),
+            profile=profile,
+            entries=self.entries,
         )
-        started = time.perf_counter()
-        snapshot = [self.pool.get(e.name).snapshot() for e in self.entries]
-        await self._notify(lambda o: o.workflow_started(result, snapshot))
+        tasks: dict[asyncio.Task[Callable[[], object]], Action] = {}
         try:
-            await self._orchestrate(result, profile)
-            worker_steps = [s for s in result.steps if s.kind is StepKind.WORKER]
-            if not worker_steps:
-                raise WorkflowFailed("no step produced an answer")
-            # The last step's answer is the answer, even when it is empty.
-            result.answer = worker_steps[-1].output or ""
-            result.status = WorkflowStatus.COMPLETED
-        except WorkflowFailed as exc:
-            result.status, result.error = WorkflowStatus.FAILED, str(exc)
+            await self._deliver(machine)
+            async with asyncio.timeout(profile.workflow_timeout_s):
+                while True:
+                    for action in machine.advance():
+                        tasks[asyncio.create_task(self._perform(machine, action))] = action
+                    await self._deliver(machine)
+                    if not tasks:
+                        break
+                    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        del tasks[task]
+                        task.result()()  # apply the outcome to the machine
+                    await self._deliver(machine)
+        except TimeoutError:
+            machine.fail(
+                f"no answer within the workflow deadline of {profile.workflow_timeout_s:g} s"
+            )
         except asyncio.CancelledError:
-            result.status, result.error = WorkflowStatus.FAILED, "cancelled before it finished"
+            machine.fail("cancelled before it finished")
             raise
         except Exception as exc:  # recorded, never lost: the trace says what went wrong
-            result.status = WorkflowStatus.FAILED
-            result.error = f"internal error: {type(exc).__name__}: {exc}"
-        finally:
-            # Every step ends in a terminal state: those a failure or cancellation left
-            # pending or running (a Conductor step included) are recorded as cancelled.
-            for step in result.steps:
-                if step.status in (StepStatus.PENDING, StepStatus.RUNNING):
-                    step.status = StepStatus.CANCELLED
-                    await self._mark_finished(result, step)
-            self._finish_totals(result, started)
-            await self._notify(lambda o: o.workflow_finished(result))
-        return result
-
-    async def _notify(self, event: Callable[[WorkflowObserver], Awaitable[None]]) -> None:
-        """Tell every observer. One that fails is logged and skipped: the workflow and the
-        other observers carry on (an unreachable trace database must not lose the answer)."""
-        for observer in self.observers:
-            try:
-                await event(observer)
-            except Exception:
-                logger.exception("observer %s failed; continuing", type(observer).__name__)
-
-    async def _orchestrate(self, result: WorkflowResult, profile: Profile) -> None:
-        round_no = 0
-        prior: PriorRound | None = None
-        steps_left: int | None = None
-        conductor_step: StepRecord | None = None
-        while True:
-            max_steps, offer = round_limits(
-                profile_max_steps=profile.max_steps,
-                rounds_left=profile.recursion_rounds - round_no,
-                steps_left=steps_left,
-            )
-            if max_steps < 1:
-                return
-            request = PlanRequest(
-                question=result.question,
-                pool=[*self.entries, CONDUCTOR_ENTRY] if offer else list(self.entries),
-                max_steps=max_steps,
-                round=round_no,
-                prior=prior,
-                temperature=profile.planner_temperature,
-                max_tokens=profile.planner_max_tokens,
-            )
-            outcome = await self._plan(result, request, conductor_step)
-            if outcome is None or outcome.stop:
-                return
-            if steps_left is None:
-                steps_left = recursion_budget(len(outcome.plan.steps))
-            records = self._add_records(result, outcome)
-            steps_left -= len(records)
-            await self._run_round(
-                result, [r for r in records if r.kind is StepKind.WORKER], profile
-            )
-            if records[-1].kind is not StepKind.CONDUCTOR:
-                return
-            conductor_step = records[-1]
-            prior = PriorRound(
-                plan=outcome.plan,
-                answers=[r.output for r in records],
-                last_answer=records[-2].output or "",
-            )
-            round_no += 1
-
-    async def _plan(
-        self, result: WorkflowResult, request: PlanRequest, conductor_step: StepRecord | None
-    ) -> PlanOutcome | None:
-        """One Conductor call. In a recursion round it is the Conductor step's execution."""
-        if conductor_step is not None:
-            await self._mark_started(result, conductor_step)
-        try:
-            outcome = await self.planner.plan(request)
-        except Exception as exc:
-            if conductor_step is None:
-                raise WorkflowFailed(f"the Conductor failed to plan: {exc}") from exc
-            # The first round's answer stands; the failed review is recorded on its step.
-            conductor_step.status, conductor_step.error = StepStatus.FAILED, str(exc)
-            await self._mark_finished(result, conductor_step)
-            return None
-        result.planner_calls.append(outcome)
-        await self._notify(lambda o: o.plan_ready(result, outcome))
-        if conductor_step is not None:
-            conductor_step.status = StepStatus.SUCCEEDED
-            conductor_step.latency_ms = outcome.latency_ms
-            conductor_step.output = _replan_summary(outcome)
-            await self._mark_finished(result, conductor_step)
-        return outcome
-
-    def _add_records(self, result: WorkflowResult, outcome: PlanOutcome) -> list[StepRecord]:
-        offset = len(result.steps)
-        records = []
-        for local_index, step in enumerate(outcome.plan.steps):
-            entry = outcome.worker_of(step)
-            index = offset + local_index
-            record = StepRecord(
-                index=index,
-                round=outcome.round,
-                kind=StepKind.CONDUCTOR if entry.is_conductor else StepKind.WORKER,
-                worker=entry.name,
-                subtask=step.subtask,
-                access_list=list(step.access_list),
-                visible_steps=resolve_visible_steps(step.access_list, index, offset, result.steps),
-            )
-            result.steps.append(record)
-            records.append(record)
-        return records
-
-    async def _run_round(
-        self, result: WorkflowResult, records: list[StepRecord], profile: Profile
-    ) -> None:
-        """Runs a round's worker steps; on a failure the others are cancelled (and recorded as
-        such by ``run``)."""
-        finished = {r.index: asyncio.Event() for r in records}
-        by_index = {s.index: s for s in result.steps}
-        if not profile.parallel:
-            for record in records:
-                await self._run_step(result, record, finished, by_index)
-            return
-        tasks = [
-            asyncio.create_task(self._run_step(result, r, finished, by_index)) for r in records
-        ]
-        try:
-            await asyncio.gather(*tasks)
+            machine.fail(f"internal error: {type(exc).__name__}: {exc}")
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await self._deliver(machine)
+        return machine.result
 
-    async def _run_step(
-        self,
-        result: WorkflowResult,
-        record: StepRecord,
-        finished: dict[int, asyncio.Event],
-        by_index: dict[int, StepRecord],
-    ) -> None:
-        for index in record.visible_steps:
-            if index in finished:
-                await finished[index].wait()
-        messages = build_messages(result.question, record, by_index)
-        await self._mark_started(result, record)
-        clock = time.perf_counter()
+    async def _perform(self, machine: WorkflowMachine, action: Action) -> Callable[[], object]:
+        """Run one action; returns how to apply its outcome (applied on the driver's turn)."""
+        profile = machine.state.profile
+        if isinstance(action, RequestPlan):
+            try:
+                outcome = await self.planner.plan(action.request)
+            except Exception as exc:
+                error = str(exc)
+                return lambda: machine.plan_failed(action.round, error)
+            return lambda: machine.plan_ready(action.round, outcome)
+        assert isinstance(action, Dispatch)
         try:
-            call = await self.gateway.call(record.worker, messages)
-        except asyncio.CancelledError:
-            raise
+            async with asyncio.timeout(profile.step_timeout_s):
+                call = await self.gateway.call(action.worker, action.messages)
+        except TimeoutError:
+            error = f"no answer within {profile.step_timeout_s:g} s"
+            return lambda: machine.step_failed(action.step, error, [])
         except Exception as exc:
             attempts = exc.attempts if isinstance(exc, StepCallFailed) else []
-            record.latency_ms = (time.perf_counter() - clock) * 1000
-            record.attempts = attempts
-            record.usage, record.cost_usd = attempts_total(attempts)
-            record.status, record.error = StepStatus.FAILED, f"{type(exc).__name__}: {exc}"
-            await self._mark_finished(result, record)
-            raise WorkflowFailed(
-                f"step {record.index} ({record.worker}) failed: {record.error}"
-            ) from exc
-        record.latency_ms = (time.perf_counter() - clock) * 1000
-        record.attempts = call.attempts
-        record.output, record.usage, record.cost_usd = call.text, call.usage, call.cost_usd
-        record.status = StepStatus.SUCCEEDED
-        await self._mark_finished(result, record)
-        finished[record.index].set()
+            error = step_error(exc)
+            return lambda: machine.step_failed(action.step, error, attempts)
+        return lambda: machine.step_succeeded(action.step, call)
 
-    async def _mark_started(self, result: WorkflowResult, record: StepRecord) -> None:
-        record.status, record.started_at = StepStatus.RUNNING, _now()
-        await self._notify(lambda o: o.step_started(result, record))
+    async def _deliver(self, machine: WorkflowMachine) -> None:
+        """Tell the observers what the machine recorded since the last delivery."""
+        result = machine.result
+        for event in machine.take_events():
+            notify = self._observer_call(result, event)
+            for observer in self.observers:
+                try:
+                    await notify(observer)
+                except Exception:
+                    # One failing observer is logged and skipped: the workflow and the others
+                    # carry on (an unreachable trace database must not lose the answer).
+                    logger.exception("observer %s failed; continuing", type(observer).__name__)
 
-    async def _mark_finished(self, result: WorkflowResult, record: StepRecord) -> None:
-        record.finished_at = _now()
-        await self._notify(lambda o: o.step_finished(result, record))
-
-    @staticmethod
-    def _finish_totals(result: WorkflowResult, started: float) -> None:
-        usage = Usage()
-        cost = 0.0
-        for call in result.planner_calls:
-            usage, cost = usage + call.usage, cost + call.cost_usd
-        for step in result.steps:
-            usage, cost = usage + step.usage, cost + step.cost_usd
-        result.usage, result.cost_usd = usage, cost
-        result.latency_ms = (time.perf_counter() - started) * 1000
-        result.finished_at = _now()
-
-
-def _replan_summary(outcome: PlanOutcome) -> str:
-    if not outcome.valid:
-        return "invalid re-plan; the last answer stands: " + "; ".join(outcome.errors)
-    if outcome.stop:
-        return "the Conductor stopped; the last answer stands"
-    return f"the Conductor wrote {len(outcome.plan.steps)} more step(s)"
+    def _observer_call(
+        self, result: WorkflowResult, event: MachineEvent
+    ) -> Callable[[WorkflowObserver], Awaitable[None]]:
+        kind = event.kind
+        if kind is EventKind.STARTED:
+            snapshot = [self.pool.get(e.name).snapshot() for e in self.entries]
+            return lambda o: o.workflow_started(result, snapshot)
+        if kind is EventKind.PLAN:
+            outcome = next(c for c in result.planner_calls if c.round == event.round)
+            return lambda o: o.plan_ready(result, outcome)
+        if kind in (EventKind.STEP_STARTED, EventKind.STEP_FINISHED):
+            assert event.step is not None
+            step = result.steps[event.step]
+            if kind is EventKind.STEP_STARTED:
+                return lambda o: o.step_started(result, step)
+            return lambda o: o.step_finished(result, step)
+        return lambda o: o.workflow_finished(result)
 
 
 def workflow_summary(result: WorkflowResult) -> dict[str, Any]:

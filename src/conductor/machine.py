@@ -1,0 +1,465 @@
+"""The workflow state machine that both runtimes drive: plan, dispatch ready steps, recurse, end.
+
+It performs no I/O. A driver feeds it what happened (a plan arrived, a step answered, a
+deadline passed), asks ``advance()`` what to do next (request a plan, dispatch steps), and
+delivers the ``events`` it recorded. The embedded executor drives it from asyncio tasks; the
+distributed aggregator loads it from the database under a row lock for each queue message.
+Every transition checks that it still applies, so a duplicate or late delivery changes nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from conductor.chat import ChatMessage, Usage
+from conductor.orchestration import (
+    CONDUCTOR_WORKER,
+    build_messages,
+    recursion_budget,
+    resolve_visible_steps,
+    round_limits,
+)
+from conductor.ports import PlanRequest, PriorRound, StepCallResult
+from conductor.profiles import Profile
+from conductor.workflow import (
+    AttemptRecord,
+    PlanOutcome,
+    PoolEntry,
+    StepKind,
+    StepRecord,
+    StepStatus,
+    WorkflowResult,
+    WorkflowStatus,
+    attempts_total,
+)
+
+CONDUCTOR_ENTRY = PoolEntry(name=CONDUCTOR_WORKER, description="the Conductor", is_conductor=True)
+ACTIVE_STEP = (StepStatus.PENDING, StepStatus.RUNNING)
+MAX_SENDS = 2  # a step or plan request is sent at most this often before it fails
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class EventKind(StrEnum):
+    STARTED = "started"  # the workflow was accepted (not streamed to clients; traces need it)
+    PLAN = "plan"
+    STEP_STARTED = "step_started"
+    STEP_FINISHED = "step_finished"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class MachineEvent(BaseModel):
+    """Something that happened; its payload is read from the state when it is delivered."""
+
+    kind: EventKind
+    sequence: int
+    at: datetime
+    step: int | None = None  # STEP_*: the step's global index
+    round: int | None = None  # PLAN: the planning round
+
+
+class Dispatch(BaseModel):
+    """Run a step on its worker; ``dispatch`` counts sends of this step (resends after loss)."""
+
+    step: int
+    worker: str
+    messages: list[ChatMessage]
+    dispatch: int
+
+
+class RequestPlan(BaseModel):
+    round: int
+    request: PlanRequest
+
+
+Action = Dispatch | RequestPlan
+
+
+class WorkflowState(BaseModel):
+    """Everything needed to resume a workflow: what the database keeps per workflow."""
+
+    result: WorkflowResult
+    profile: Profile
+    entries: list[PoolEntry]  # the workers the Conductor sees as Model 0..N-1
+    planning_round: int | None = None  # a plan requested and not yet applied
+    plan_requested_at: datetime | None = None
+    plan_requests: int = 0  # sends of the current plan request
+    dispatches: dict[int, int] = Field(default_factory=dict)  # step index -> sends
+    dispatched_at: dict[int, datetime] = Field(default_factory=dict)  # step index -> last send
+    event_sequence: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.result.status in (WorkflowStatus.COMPLETED, WorkflowStatus.FAILED)
+
+
+class WorkflowMachine:
+    def __init__(self, state: WorkflowState) -> None:
+        self.state = state
+        self.events: list[MachineEvent] = []
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        workflow_id: Any,
+        question: str,
+        profile: Profile,
+        entries: list[PoolEntry],
+        created_at: datetime | None = None,
+    ) -> WorkflowMachine:
+        result = WorkflowResult(
+            workflow_id=workflow_id,
+            variant=profile.name,
+            question=question,
+            status=WorkflowStatus.RUNNING,
+            planner_calls=[],
+            steps=[],
+            created_at=created_at or utcnow(),
+        )
+        machine = cls(WorkflowState(result=result, profile=profile, entries=entries))
+        machine._emit(EventKind.STARTED)
+        return machine
+
+    @property
+    def result(self) -> WorkflowResult:
+        return self.state.result
+
+    def take_events(self) -> list[MachineEvent]:
+        events, self.events = self.events, []
+        return events
+
+    # -- what to do next --------------------------------------------------------------------
+
+    def advance(self) -> list[Action]:
+        """The actions the state calls for now, marked as issued (so never issued twice)."""
+        state, result = self.state, self.state.result
+        if state.finished or state.planning_round is not None:
+            return []
+        if not result.planner_calls:
+            if not state.entries:
+                self.fail("no worker in the pool can be called")
+                return []
+            return [self._request_plan(0)]
+        round_no = result.planner_calls[-1].round
+        records = [s for s in result.steps if s.round == round_no]
+        if not records:  # a plan that stopped: the last answer stands
+            self._complete()
+            return []
+        actions: list[Action] = [self._dispatch(s) for s in self._ready(records)]
+        if actions or any(s.kind is StepKind.WORKER and s.status in ACTIVE_STEP for s in records):
+            return actions
+        last = records[-1]
+        if last.kind is StepKind.CONDUCTOR and last.status is StepStatus.PENDING:
+            request = self.plan_request(round_no + 1)
+            if request.max_steps >= 1:
+                self._mark_started(last)
+                return [self._request_plan(round_no + 1, request)]
+        self._complete()
+        return []
+
+    def _ready(self, records: list[StepRecord]) -> list[StepRecord]:
+        done = {s.index for s in self.result.steps if s.status is StepStatus.SUCCEEDED}
+        workers = [s for s in records if s.kind is StepKind.WORKER]
+        ready = [
+            s
+            for s in workers
+            if s.status is StepStatus.PENDING and all(i in done for i in s.visible_steps)
+        ]
+        if self.state.profile.parallel:
+            return ready
+        if any(s.status is StepStatus.RUNNING for s in workers):
+            return []
+        return ready[:1]
+
+    def _dispatch(self, step: StepRecord) -> Dispatch:
+        by_index = {s.index: s for s in self.result.steps}
+        messages = build_messages(self.result.question, step, by_index)
+        self._mark_started(step)
+        sends = self._count_send(step.index)
+        return Dispatch(step=step.index, worker=step.worker, messages=messages, dispatch=sends)
+
+    def _count_send(self, index: int) -> int:
+        sends = self.state.dispatches.get(index, 0) + 1
+        self.state.dispatches[index] = sends
+        self.state.dispatched_at[index] = utcnow()
+        return sends
+
+    def redispatch(self, index: int) -> Dispatch | None:
+        """Send a running step again (its message or its answer was lost)."""
+        step = self._step(index)
+        if self.state.finished or step is None or step.status is not StepStatus.RUNNING:
+            return None
+        by_index = {s.index: s for s in self.result.steps}
+        messages = build_messages(self.result.question, step, by_index)
+        return Dispatch(
+            step=index, worker=step.worker, messages=messages, dispatch=self._count_send(index)
+        )
+
+    def _request_plan(self, round_no: int, request: PlanRequest | None = None) -> RequestPlan:
+        self.state.planning_round = round_no
+        self.state.plan_requested_at = utcnow()
+        self.state.plan_requests = 1
+        return RequestPlan(round=round_no, request=request or self.plan_request(round_no))
+
+    def resend_plan(self) -> RequestPlan | None:
+        """Ask again for the plan being waited on (its request or its answer was lost)."""
+        if self.state.finished or self.state.planning_round is None:
+            return None
+        self.state.plan_requested_at = utcnow()
+        self.state.plan_requests += 1
+        round_no = self.state.planning_round
+        return RequestPlan(round=round_no, request=self.plan_request(round_no))
+
+    def plan_request(self, round_no: int) -> PlanRequest:
+        """What the Conductor is asked in a round: derived from the state, so any aggregator
+        replica builds the same request."""
+        profile, result = self.state.profile, self.result
+        steps_left = None
+        prior = None
+        if round_no > 0:
+            steps_left = recursion_budget(len(result.planner_calls[0].plan.steps)) - len(
+                result.steps
+            )
+            previous = result.planner_calls[round_no - 1]
+            records = [s for s in result.steps if s.round == round_no - 1]
+            prior = PriorRound(
+                plan=previous.plan,
+                answers=[s.output for s in records],
+                last_answer=(records[-2].output or "") if len(records) >= 2 else "",
+            )
+        max_steps, offer = round_limits(
+            profile_max_steps=profile.max_steps,
+            rounds_left=profile.recursion_rounds - round_no,
+            steps_left=steps_left,
+        )
+        entries = self.state.entries
+        return PlanRequest(
+            question=result.question,
+            pool=[*entries, CONDUCTOR_ENTRY] if offer else list(entries),
+            max_steps=max_steps,
+            round=round_no,
+            prior=prior,
+            temperature=profile.planner_temperature,
+            max_tokens=profile.planner_max_tokens,
+        )
+
+    # -- deadlines --------------------------------------------------------------------------
+
+    def next_deadline(self) -> datetime | None:
+        """When ``expire`` next has something to do: the database indexes this."""
+        state, profile = self.state, self.state.profile
+        if state.finished:
+            return None
+        step_timeout = timedelta(seconds=profile.step_timeout_s)
+        times = [self.result.created_at + timedelta(seconds=profile.workflow_timeout_s)]
+        if state.planning_round is not None and state.plan_requested_at is not None:
+            times.append(state.plan_requested_at + step_timeout)
+        for step in self._running_workers():
+            sent = state.dispatched_at.get(step.index) or step.started_at or utcnow()
+            times.append(sent + step_timeout)
+        return min(times)
+
+    def expire(self, now: datetime) -> list[Action]:
+        """Act on passed deadlines: send a lost step or plan request once more, then fail it;
+        fail the workflow at its own deadline."""
+        state, profile = self.state, self.state.profile
+        if state.finished:
+            return []
+        if now >= self.result.created_at + timedelta(seconds=profile.workflow_timeout_s):
+            self.fail(f"no answer within the workflow deadline of {profile.workflow_timeout_s:g} s")
+            return []
+        step_timeout = timedelta(seconds=profile.step_timeout_s)
+        actions: list[Action] = []
+        requested = state.plan_requested_at
+        if state.planning_round is not None and requested and now >= requested + step_timeout:
+            if state.plan_requests < MAX_SENDS:
+                actions.extend(a for a in [self.resend_plan()] if a is not None)
+            else:
+                self.plan_failed(
+                    state.planning_round,
+                    f"no plan within {profile.step_timeout_s:g} s, asked {state.plan_requests} "
+                    "times",
+                )
+        for step in self._running_workers():
+            sent = state.dispatched_at.get(step.index) or step.started_at or now
+            if now < sent + step_timeout or state.finished:
+                continue
+            sends = state.dispatches.get(step.index, 0)
+            if sends < MAX_SENDS:
+                actions.extend(a for a in [self.redispatch(step.index)] if a is not None)
+            else:
+                self.step_failed(
+                    step.index,
+                    f"no answer within {profile.step_timeout_s:g} s, sent {sends} times",
+                    [],
+                )
+        return actions if not state.finished else []
+
+    def _running_workers(self) -> list[StepRecord]:
+        return [
+            s
+            for s in self.result.steps
+            if s.kind is StepKind.WORKER and s.status is StepStatus.RUNNING
+        ]
+
+    # -- what happened ----------------------------------------------------------------------
+
+    def plan_ready(self, round_no: int, outcome: PlanOutcome) -> bool:
+        if self.state.finished or self.state.planning_round != round_no:
+            return False
+        self.state.planning_round = None
+        outcome = outcome.model_copy(update={"round": round_no})
+        self.result.planner_calls.append(outcome)
+        self._emit(EventKind.PLAN, round=round_no)
+        conductor = self._conductor_step(round_no)
+        if conductor is not None:
+            conductor.status = StepStatus.SUCCEEDED
+            conductor.latency_ms = outcome.latency_ms
+            conductor.output = _replan_summary(outcome)
+            self._mark_finished(conductor)
+        if outcome.stop:
+            return True
+        offset = len(self.result.steps)
+        for local_index, step in enumerate(outcome.plan.steps):
+            entry = outcome.worker_of(step)
+            index = offset + local_index
+            self.result.steps.append(
+                StepRecord(
+                    index=index,
+                    round=round_no,
+                    kind=StepKind.CONDUCTOR if entry.is_conductor else StepKind.WORKER,
+                    worker=entry.name,
+                    subtask=step.subtask,
+                    access_list=list(step.access_list),
+                    visible_steps=resolve_visible_steps(
+                        step.access_list, index, offset, self.result.steps
+                    ),
+                )
+            )
+        return True
+
+    def plan_failed(self, round_no: int, error: str) -> bool:
+        if self.state.finished or self.state.planning_round != round_no:
+            return False
+        self.state.planning_round = None
+        conductor = self._conductor_step(round_no)
+        if conductor is None:
+            self.fail(f"the Conductor failed to plan: {error}")
+            return True
+        # The earlier round's answer stands; the failed review is recorded on its step.
+        conductor.status, conductor.error = StepStatus.FAILED, error
+        self._mark_finished(conductor)
+        self._complete()
+        return True
+
+    def step_succeeded(self, index: int, call: StepCallResult) -> bool:
+        step = self._running(index)
+        if step is None:
+            return False
+        step.attempts = call.attempts
+        step.output, step.usage, step.cost_usd = call.text, call.usage, call.cost_usd
+        step.status = StepStatus.SUCCEEDED
+        self._mark_finished(step)
+        return True
+
+    def step_failed(self, index: int, error: str, attempts: list[AttemptRecord]) -> bool:
+        step = self._running(index)
+        if step is None:
+            return False
+        step.attempts = attempts
+        step.usage, step.cost_usd = attempts_total(attempts)
+        step.status, step.error = StepStatus.FAILED, error
+        self._mark_finished(step)
+        self.fail(f"step {step.index} ({step.worker}) failed: {error}")
+        return True
+
+    def fail(self, reason: str) -> bool:
+        """End the workflow without an answer; steps still pending or running are cancelled."""
+        if self.state.finished:
+            return False
+        self.result.status, self.result.error = WorkflowStatus.FAILED, reason
+        self._end(EventKind.FAILED)
+        return True
+
+    def _complete(self) -> None:
+        worker_steps = [s for s in self.result.steps if s.kind is StepKind.WORKER]
+        if not worker_steps:
+            self.fail("no step produced an answer")
+            return
+        # The last step's answer is the answer, even when it is empty.
+        self.result.answer = worker_steps[-1].output or ""
+        self.result.status = WorkflowStatus.COMPLETED
+        self._end(EventKind.COMPLETED)
+
+    def _end(self, kind: EventKind) -> None:
+        self.state.planning_round = None
+        for step in self.result.steps:
+            if step.status in ACTIVE_STEP:
+                step.status = StepStatus.CANCELLED
+                self._mark_finished(step)
+        usage, cost = Usage(), 0.0
+        for call in self.result.planner_calls:
+            usage, cost = usage + call.usage, cost + call.cost_usd
+        for step in self.result.steps:
+            usage, cost = usage + step.usage, cost + step.cost_usd
+        self.result.usage, self.result.cost_usd = usage, cost
+        self.result.finished_at = utcnow()
+        self.result.latency_ms = _ms(self.result.finished_at - self.result.created_at)
+        self._emit(kind)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _step(self, index: int) -> StepRecord | None:
+        steps = self.result.steps
+        return steps[index] if 0 <= index < len(steps) else None
+
+    def _running(self, index: int) -> StepRecord | None:
+        step = self._step(index)
+        if self.state.finished or step is None or step.status is not StepStatus.RUNNING:
+            return None  # a duplicate or late answer: the first one counted
+        return step
+
+    def _conductor_step(self, round_no: int) -> StepRecord | None:
+        """The Conductor step whose execution is the plan of ``round_no`` (None in round 0)."""
+        for step in self.result.steps:
+            if step.round == round_no - 1 and step.kind is StepKind.CONDUCTOR:
+                return step
+        return None
+
+    def _mark_started(self, step: StepRecord) -> None:
+        step.status, step.started_at = StepStatus.RUNNING, utcnow()
+        self._emit(EventKind.STEP_STARTED, step=step.index)
+
+    def _mark_finished(self, step: StepRecord) -> None:
+        step.finished_at = utcnow()
+        if step.started_at is not None and step.kind is StepKind.WORKER:
+            step.latency_ms = _ms(step.finished_at - step.started_at)
+        self._emit(EventKind.STEP_FINISHED, step=step.index)
+
+    def _emit(self, kind: EventKind, *, step: int | None = None, round: int | None = None) -> None:
+        self.state.event_sequence += 1
+        self.events.append(
+            MachineEvent(
+                kind=kind, sequence=self.state.event_sequence, at=utcnow(), step=step, round=round
+            )
+        )
+
+
+def _ms(delta: Any) -> float:
+    return float(delta.total_seconds() * 1000)
+
+
+def _replan_summary(outcome: PlanOutcome) -> str:
+    if not outcome.valid:
+        return "invalid re-plan; the last answer stands: " + "; ".join(outcome.errors)
+    if outcome.stop:
+        return "the Conductor stopped; the last answer stands"
+    return f"the Conductor wrote {len(outcome.plan.steps)} more step(s)"
