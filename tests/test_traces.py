@@ -202,7 +202,7 @@ def test_upgrade_is_idempotent(database_url: str) -> None:
     finally:
         engine.dispose()
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert list(versions) == [head] == ["0002"]
+    assert list(versions) == [head] == ["0003"]
     assert count == 1
 
 
@@ -214,7 +214,13 @@ async def test_deleting_a_workflow_cascades_to_steps_and_attempts(engine: Engine
     with engine.begin() as conn:
         conn.execute(delete(workflow_table).where(workflow_table.c.id == result.workflow_id))
     # Then nothing of it is left (foreign keys are enforced on SQLite too)
-    assert dump(engine) == {"workflow": [], "step": [], "attempt": []}
+    assert dump(engine) == {
+        "workflow": [],
+        "step": [],
+        "attempt": [],
+        "workflow_run": [],
+        "workflow_event": [],
+    }
 
 
 # -- store --------------------------------------------------------------------------------

@@ -39,15 +39,44 @@ class Settings(BaseSettings):
 
     planner_backend: Literal["llamacpp", "openai", "transformers", "vllm"] = "llamacpp"
     # llamacpp: a GGUF path (default: local_model). openai: the model name at planner_base_url.
+    # transformers: a checkpoint directory (save_pretrained), a GGUF file or a hub id (default:
+    # builtin:smollm2). vllm: a checkpoint directory or hub id (required).
     planner_model: str | None = None
     planner_base_url: str | None = None
     planner_api_key_env: str | None = None
     # openai backend only: ask for JSON-schema-constrained output (response_format).
     planner_structured: bool = False
+    # transformers: where the model runs (cuda, cuda:1, cpu). Unset: cuda if available, else cpu.
+    planner_device: str | None = None
+    # transformers and vllm: weights dtype. auto: bfloat16 on a GPU, float32 on CPU (vllm: its own
+    # choice from the checkpoint).
+    planner_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    # transformers: concurrent plans (of one temperature) generated together in one batch.
+    planner_max_batch_size: int = Field(default=8, ge=1)
+    # vllm: share of GPU memory the engine may take (weights and KV cache), and the context
+    # length it reserves KV cache for (unset: the model's own).
+    planner_gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    planner_max_model_len: int | None = Field(default=None, ge=256)
 
     llamacpp_threads: int = Field(default=max(1, min(os.cpu_count() or 1, 8)), ge=1)
     llamacpp_context_tokens: int = Field(default=8192, ge=512)
     llamacpp_parallel_slots: int = Field(default=4, ge=1)
+
+
+class BrokerSettings(BaseSettings):
+    """The queue and Redis every distributed role shares (gateway, aggregator, api)."""
+
+    model_config = SettingsConfigDict(env_prefix="CONDUCTOR_", extra="ignore")
+
+    # Celery broker (Redis or RabbitMQ). Unset: embedded mode, everything in-process.
+    broker_url: str | None = None
+    # Shared quotas, gateway replies to in-process callers and event notifications.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "conductor:"
+    # Redis broker only: a task unacknowledged this long is handed to another consumer. Must
+    # exceed the longest task (a provider call with its retries and quota waits), or tasks run
+    # twice; it is also how long a killed process's tasks wait before redelivery.
+    broker_visibility_timeout_s: int = Field(default=3600, ge=10)
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)

@@ -1,9 +1,10 @@
 """The gateway on Celery (CONVENTIONS 8): one queue per vendor, JSON only, acks_late, prefetch 1.
 
 A task takes one CallRequest, runs it through the WorkerGateway on the process's shared event
-loop, and pushes a CallReply onto the Redis list the request names. The message is acknowledged
-only after the reply is pushed (acks_late), so a gateway killed mid-call loses nothing: the
-broker hands the message to another gateway, which makes the call again.
+loop, and answers with a CallReply: as a step-result task on the queue the request names (the
+aggregator's), or pushed onto the Redis list it names (an in-process caller). The message is
+acknowledged only after the reply is out (acks_late), so a gateway killed mid-call loses
+nothing: the broker hands the message to another gateway, which makes the call again.
 """
 
 from __future__ import annotations
@@ -15,15 +16,22 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from celery import Celery, Task
+from kombu.exceptions import OperationalError
 from pydantic import ValidationError
 
-from conductor.errors import ConductorError, ConfigurationError
+from conductor.errors import ConductorError
 from conductor.llamacpp import EngineOptions
+from conductor.messaging import (
+    CALL_WORKER_TASK,
+    STEP_RESULT_TASK,
+    CallReply,
+    CallRequest,
+    celery_config,
+)
 from conductor.ports import StepCallFailed
 from conductor.settings import Settings, get_settings, load_pool
 from conductor_gateway.gateway import WorkerGateway
 from conductor_gateway.loop_thread import LoopThread
-from conductor_gateway.messages import CALL_WORKER_TASK, CallReply, CallRequest
 from conductor_gateway.quotas_redis import RedisQuotas
 from conductor_gateway.registry import build_workers
 from conductor_gateway.settings import GatewaySettings
@@ -35,37 +43,6 @@ INFRA_RETRIES = 10  # times a task whose reply cannot be delivered is re-queued
 REPLY_ATTEMPTS = 8  # about a minute of Redis being unreachable before the task is re-queued
 REDIS_CONNECTIONS = 64  # per gateway process; calls queue for one rather than fail
 PUSH_REPLY = "redis.call('LPUSH', KEYS[1], ARGV[1]); redis.call('EXPIRE', KEYS[1], ARGV[2])"
-
-
-def celery_config(settings: GatewaySettings) -> dict[str, Any]:
-    if not settings.broker_url:
-        # Never fall back to eager mode silently: without a broker there is no gateway.
-        raise ConfigurationError(
-            "CONDUCTOR_BROKER_URL is not set: the gateway needs a Celery broker "
-            "(redis://... or amqp://...)"
-        )
-    transport_options: dict[str, Any] = {}
-    if settings.broker_url.startswith(("redis://", "rediss://")):
-        transport_options = {
-            "visibility_timeout": settings.broker_visibility_timeout_s,
-            "global_keyprefix": settings.redis_prefix,
-        }
-    return {
-        "broker_url": settings.broker_url,
-        "task_serializer": "json",
-        "accept_content": ["json"],
-        "result_serializer": "json",
-        "task_ignore_result": True,  # replies go to the caller's Redis list
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
-        "task_acks_on_failure_or_timeout": True,
-        "worker_prefetch_multiplier": 1,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
-        "broker_connection_retry_on_startup": True,
-        "task_create_missing_queues": True,
-        "broker_transport_options": transport_options,
-        "worker_hijack_root_logger": False,
-    }
 
 
 class GatewayProcess:
@@ -94,23 +71,27 @@ class GatewayProcess:
         )
         return aioredis.Redis(connection_pool=pool)
 
-    def handle(self, request: CallRequest) -> CallReply:
-        return self.loop.run(self._handle(request))
+    def handle(self, request: CallRequest, app: Celery) -> CallReply:
+        reply = self.loop.run(self._call(request))
+        if request.reply_to is not None:
+            self.loop.run(self._deliver(request.reply_to, reply.model_dump_json()))
+        else:
+            # Publishing retries by itself (task_publish_retry_policy); on RabbitMQ the broker
+            # confirms the message before this returns, and only then is the call acked.
+            app.send_task(
+                STEP_RESULT_TASK, args=[reply.model_dump(mode="json")], queue=request.reply_queue
+            )
+        return reply
 
-    async def _handle(self, request: CallRequest) -> CallReply:
+    async def _call(self, request: CallRequest) -> CallReply:
+        base = {"call_id": request.call_id, "context": request.context}
         try:
             result = await self.gateway.call(request.worker, request.messages)
-            reply = CallReply(
-                call_id=request.call_id, ok=True, result=result, attempts=result.attempts
-            )
+            return CallReply(**base, ok=True, result=result, attempts=result.attempts)
         except StepCallFailed as exc:
-            reply = CallReply(
-                call_id=request.call_id, ok=False, error=str(exc), attempts=exc.attempts
-            )
+            return CallReply(**base, ok=False, error=str(exc), attempts=exc.attempts)
         except ConductorError as exc:  # unknown worker, bad configuration
-            reply = CallReply(call_id=request.call_id, ok=False, error=str(exc))
-        await self._deliver(request.reply_to, reply.model_dump_json())
-        return reply
+            return CallReply(**base, ok=False, error=str(exc))
 
     async def _deliver(self, reply_to: str, body: str) -> None:
         """Push the reply, retrying here: a Redis blip must not make the provider call again."""
@@ -156,8 +137,8 @@ def create_celery(settings: GatewaySettings | None = None) -> Celery:
             logger.error("dropping a malformed gateway request: %s", exc)
             return
         try:
-            process().handle(parsed)
-        except (OSError, aioredis.RedisError) as exc:
+            process().handle(parsed, app)
+        except (OSError, aioredis.RedisError, OperationalError) as exc:
             # Redis stayed unreachable: re-queue, and the call is made again on redelivery.
             logger.error("call %s: cannot reply (%s); re-queued", parsed.call_id, exc)
             raise self.retry(exc=exc, countdown=2) from exc

@@ -16,9 +16,9 @@ import redis.asyncio as aioredis
 from celery import Celery
 
 from conductor.chat import ChatMessage
+from conductor.messaging import CALL_WORKER_TASK, CallReply, CallRequest, queue_for
 from conductor.pool import Pool
 from conductor.ports import StepCallFailed, StepCallResult
-from conductor_gateway.messages import CALL_WORKER_TASK, CallReply, CallRequest, queue_for
 
 logger = logging.getLogger(__name__)
 

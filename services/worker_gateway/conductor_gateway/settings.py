@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from conductor.settings import load_settings
+from conductor.settings import BrokerSettings, load_settings
 from conductor_gateway.quotas import QuotaConfig
 from conductor_gateway.retry import RetryPolicy
 
 
-class GatewaySettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CONDUCTOR_", extra="ignore")
-
-    # Celery broker (Redis or RabbitMQ). Unset: embedded mode, calls run in-process.
-    broker_url: str | None = None
-    # Where task results go (the caller waits on them). Unset: the Redis below.
-    result_backend: str | None = None
-    # Shared quotas (and, by default, results) live here, under the key prefix.
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    redis_prefix: str = "conductor:"
-
+class GatewaySettings(BrokerSettings):
     retry_max_attempts: int = Field(default=4, ge=1, le=20)
     retry_base_delay_s: float = Field(default=0.5, ge=0)
     retry_max_delay_s: float = Field(default=20.0, ge=0)
@@ -32,9 +21,6 @@ class GatewaySettings(BaseSettings):
 
     # Calls one gateway process holds in flight (Celery thread-pool size).
     gateway_concurrency: int = Field(default=500, ge=1, le=5000)
-    # Redis broker only: a task unacknowledged this long is handed to another gateway. Must
-    # exceed the longest call (retries and quota waits included), or calls run twice.
-    broker_visibility_timeout_s: int = Field(default=3600, ge=10)
 
     @classmethod
     def load(cls) -> GatewaySettings:

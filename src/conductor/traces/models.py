@@ -14,7 +14,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, MetaData, Table, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, Index, MetaData, Table, Text, UniqueConstraint
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import registry
 from sqlalchemy.types import TypeEngine
@@ -134,6 +134,43 @@ class AttemptRow(DbModel, table=True):
     started_at: datetime = Field(sa_type=UTCDateTime())
 
 
+class WorkflowRunRow(DbModel, table=True):
+    """A workflow's live state in distributed mode: what an aggregator locks, loads and saves.
+
+    ``state`` is a serialised conductor.machine.WorkflowState (NULL while queued); the sweeper
+    finds the rows whose ``next_deadline_at`` has passed through the (status, deadline) index.
+    """
+
+    __tablename__ = "workflow_run"
+    __table_args__ = (Index("ix_workflow_run_due", "status", "next_deadline_at"),)
+
+    workflow_id: uuid.UUID = Field(foreign_key="workflow.id", primary_key=True, ondelete="CASCADE")
+    status: str
+    # What was submitted: question, profile, pool names, metadata.
+    request: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column(JSON_TYPE, nullable=False)
+    )
+    state: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON_TYPE, nullable=True))
+    next_deadline_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
+    updated_at: datetime = Field(default_factory=_utcnow, sa_type=UTCDateTime())
+
+
+class WorkflowEventRow(DbModel, table=True):
+    """One event of a workflow, numbered from 1: what clients stream and replay."""
+
+    __tablename__ = "workflow_event"
+
+    workflow_id: uuid.UUID = Field(foreign_key="workflow.id", primary_key=True, ondelete="CASCADE")
+    sequence: int = Field(primary_key=True)
+    kind: str
+    at: datetime = Field(sa_type=UTCDateTime())
+    payload: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column(JSON_TYPE, nullable=False)
+    )
+
+
 workflow_table: Table = metadata.tables["workflow"]
 step_table: Table = metadata.tables["step"]
 attempt_table: Table = metadata.tables["attempt"]
+run_table: Table = metadata.tables["workflow_run"]
+event_table: Table = metadata.tables["workflow_event"]

@@ -42,6 +42,8 @@ from conductor.workflow import (
 Row = dict[str, Any]
 TERMINAL_STEP = (StepStatus.SUCCEEDED, StepStatus.FAILED, StepStatus.CANCELLED)
 TERMINAL_WORKFLOW = (WorkflowStatus.COMPLETED, WorkflowStatus.FAILED)
+RUNNING = WorkflowStatus.RUNNING.value
+QUEUED = "queued"  # a submitted workflow no aggregator has started yet (distributed mode)
 
 
 def _aware(value: datetime | None) -> datetime | None:
@@ -156,54 +158,63 @@ def _executed_plan(planner_calls: list[Row]) -> list[Row]:
     return steps
 
 
-class TraceStore:
-    """Persists workflows as traces; plug it into the executor as a WorkflowObserver.
+Write = Callable[[Connection], None]
 
-    ``tenant`` is written on every workflow this store creates (WorkflowResult has no tenant).
-    The engine belongs to the caller, who disposes of it.
+
+class TraceWrites:
+    """Builds each trace write from a workflow event: rows are built now, SQL runs later.
+
+    The embedded TraceStore runs them in a thread; the distributed aggregator runs them inside
+    the transaction that holds the workflow's row lock.
     """
 
     def __init__(
-        self, engine: Engine, *, tenant: str = "default", secret_env_names: Iterable[str] = ()
+        self, dialect: str, *, tenant: str = "default", secret_env_names: Iterable[str] = ()
     ) -> None:
-        """``secret_env_names``: variables whose values are blanked wherever they appear (the
-        pool's key variables), besides every secret-looking variable."""
-        if engine.dialect.name not in {"sqlite", "postgresql"}:
-            raise ValueError(f"unsupported database dialect {engine.dialect.name!r}")
-        self._engine = engine
-        self._tenant = tenant
-        self._secret_env_names = tuple(secret_env_names)
-        self._lock = asyncio.Lock()
+        if dialect not in {"sqlite", "postgresql"}:
+            raise ValueError(f"unsupported database dialect {dialect!r}")
+        self.dialect = dialect
+        self.tenant = tenant
+        self.secret_env_names = tuple(secret_env_names)
 
-    # -- WorkflowObserver -------------------------------------------------------------------
+    def started(self, result: WorkflowResult, pool_snapshot: list[dict[str, Any]]) -> Write:
+        workflow = _workflow_row(result, self.tenant, scrub_snapshot(pool_snapshot))
 
-    async def workflow_started(
-        self, result: WorkflowResult, pool_snapshot: list[dict[str, Any]]
-    ) -> None:
-        workflow = _workflow_row(result, self._tenant, scrub_snapshot(pool_snapshot))
-        await self._write(lambda conn: self._ensure_workflow(conn, workflow))
+        def write(conn: Connection) -> None:
+            self._ensure_workflow(conn, workflow)
+            # A submitted workflow waited as "queued": it runs now.
+            conn.execute(
+                update(workflow_table)
+                .where(workflow_table.c.id == workflow["id"])
+                .where(workflow_table.c.status == QUEUED)
+                .values(
+                    status=WorkflowStatus.RUNNING.value, pool_snapshot=workflow["pool_snapshot"]
+                )
+            )
 
-    async def plan_ready(self, result: WorkflowResult, outcome: PlanOutcome) -> None:
-        workflow = _workflow_row(result, self._tenant, [])
+        return write
+
+    def plan(self, result: WorkflowResult, outcome: PlanOutcome) -> Write:
+        workflow = _workflow_row(result, self.tenant, [])
         calls = [outcome.model_dump(mode="json")]
-        await self._write(lambda conn: self._merge_plans(conn, workflow, calls))
+        return lambda conn: self._merge_plans(conn, workflow, calls)
 
-    async def step_started(self, result: WorkflowResult, step: StepRecord) -> None:
-        workflow = _workflow_row(result, self._tenant, [])
-        row = _step_row(step, secret_values(self._secret_env_names), status=StepStatus.RUNNING)
-        await self._write(lambda conn: self._start_step(conn, workflow, row))
+    def step_started(self, result: WorkflowResult, step: StepRecord) -> Write:
+        workflow = _workflow_row(result, self.tenant, [])
+        row = _step_row(step, secret_values(self.secret_env_names), status=StepStatus.RUNNING)
+        return lambda conn: self._start_step(conn, workflow, row)
 
-    async def step_finished(self, result: WorkflowResult, step: StepRecord) -> None:
-        workflow = _workflow_row(result, self._tenant, [])
-        secrets = secret_values(self._secret_env_names)
+    def step_finished(self, result: WorkflowResult, step: StepRecord) -> Write:
+        workflow = _workflow_row(result, self.tenant, [])
+        secrets = secret_values(self.secret_env_names)
         row = _step_row(step, secrets)
         attempts = [_attempt_row(a, secrets) for a in step.attempts]
-        await self._write(lambda conn: self._finish_step(conn, workflow, row, attempts))
+        return lambda conn: self._finish_step(conn, workflow, row, attempts)
 
-    async def workflow_finished(self, result: WorkflowResult) -> None:
+    def finished(self, result: WorkflowResult) -> Write:
         """Also records plans and finished steps whose own events were missed."""
-        workflow = _workflow_row(result, self._tenant, [])
-        secrets = secret_values(self._secret_env_names)
+        workflow = _workflow_row(result, self.tenant, [])
+        secrets = secret_values(self.secret_env_names)
         final = _final_workflow_values(result, secrets)
         calls = [o.model_dump(mode="json") for o in result.planner_calls]
         steps = [
@@ -223,50 +234,12 @@ class TraceStore:
                 .values(final)
             )
 
-        await self._write(write)
+        return write
 
-    # -- reads ------------------------------------------------------------------------------
-
-    async def get_workflow(
-        self, workflow_id: uuid.UUID, *, tenant: str | None = None
-    ) -> WorkflowRow | None:
-        """The workflow, or None; with ``tenant`` also None when it belongs to another tenant."""
-
-        def read() -> WorkflowRow | None:
-            with Session(self._engine) as session:
-                row = session.get(WorkflowRow, workflow_id)
-            return None if row is None or (tenant and row.tenant != tenant) else row
-
-        return await asyncio.to_thread(read)
-
-    async def list_steps(self, workflow_id: uuid.UUID) -> list[StepRow]:
-        def read() -> list[StepRow]:
-            with Session(self._engine) as session:
-                query = select(StepRow).where(col(StepRow.workflow_id) == workflow_id)
-                return list(session.exec(query.order_by(col(StepRow.index))).all())
-
-        return await asyncio.to_thread(read)
-
-    async def list_attempts(self, step_id: uuid.UUID) -> list[AttemptRow]:
-        def read() -> list[AttemptRow]:
-            with Session(self._engine) as session:
-                query = select(AttemptRow).where(col(AttemptRow.step_id) == step_id)
-                return list(session.exec(query.order_by(col(AttemptRow.number))).all())
-
-        return await asyncio.to_thread(read)
-
-    # -- SQL, run in a worker thread ----------------------------------------------------------
-
-    async def _write(self, fn: Callable[[Connection], None]) -> None:
-        def run() -> None:
-            with self._engine.begin() as conn:
-                fn(conn)
-
-        async with self._lock:
-            await asyncio.to_thread(run)
+    # -- SQL --------------------------------------------------------------------------------
 
     def _insert(self, table: Table) -> postgresql.Insert | sqlite.Insert:
-        if self._engine.dialect.name == "postgresql":
+        if self.dialect == "postgresql":
             return postgresql.insert(table)
         return sqlite.insert(table)
 
@@ -312,3 +285,79 @@ class TraceStore:
         for attempt in attempts:
             insert = self._insert(attempt_table).values(id=uuid.uuid4(), step_id=step_id, **attempt)
             conn.execute(insert.on_conflict_do_nothing(index_elements=["step_id", "number"]))
+
+
+class TraceStore:
+    """Persists workflows as traces; plug it into the executor as a WorkflowObserver.
+
+    ``tenant`` is written on every workflow this store creates (WorkflowResult has no tenant).
+    The engine belongs to the caller, who disposes of it.
+    """
+
+    def __init__(
+        self, engine: Engine, *, tenant: str = "default", secret_env_names: Iterable[str] = ()
+    ) -> None:
+        """``secret_env_names``: variables whose values are blanked wherever they appear (the
+        pool's key variables), besides every secret-looking variable."""
+        self._engine = engine
+        self.writes = TraceWrites(
+            engine.dialect.name, tenant=tenant, secret_env_names=secret_env_names
+        )
+        self._lock = asyncio.Lock()
+
+    # -- WorkflowObserver -------------------------------------------------------------------
+
+    async def workflow_started(
+        self, result: WorkflowResult, pool_snapshot: list[dict[str, Any]]
+    ) -> None:
+        await self._write(self.writes.started(result, pool_snapshot))
+
+    async def plan_ready(self, result: WorkflowResult, outcome: PlanOutcome) -> None:
+        await self._write(self.writes.plan(result, outcome))
+
+    async def step_started(self, result: WorkflowResult, step: StepRecord) -> None:
+        await self._write(self.writes.step_started(result, step))
+
+    async def step_finished(self, result: WorkflowResult, step: StepRecord) -> None:
+        await self._write(self.writes.step_finished(result, step))
+
+    async def workflow_finished(self, result: WorkflowResult) -> None:
+        await self._write(self.writes.finished(result))
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def get_workflow(
+        self, workflow_id: uuid.UUID, *, tenant: str | None = None
+    ) -> WorkflowRow | None:
+        """The workflow, or None; with ``tenant`` also None when it belongs to another tenant."""
+
+        def read() -> WorkflowRow | None:
+            with Session(self._engine) as session:
+                row = session.get(WorkflowRow, workflow_id)
+            return None if row is None or (tenant and row.tenant != tenant) else row
+
+        return await asyncio.to_thread(read)
+
+    async def list_steps(self, workflow_id: uuid.UUID) -> list[StepRow]:
+        def read() -> list[StepRow]:
+            with Session(self._engine) as session:
+                query = select(StepRow).where(col(StepRow.workflow_id) == workflow_id)
+                return list(session.exec(query.order_by(col(StepRow.index))).all())
+
+        return await asyncio.to_thread(read)
+
+    async def list_attempts(self, step_id: uuid.UUID) -> list[AttemptRow]:
+        def read() -> list[AttemptRow]:
+            with Session(self._engine) as session:
+                query = select(AttemptRow).where(col(AttemptRow.step_id) == step_id)
+                return list(session.exec(query.order_by(col(AttemptRow.number))).all())
+
+        return await asyncio.to_thread(read)
+
+    async def _write(self, fn: Write) -> None:
+        def run() -> None:
+            with self._engine.begin() as conn:
+                fn(conn)
+
+        async with self._lock:
+            await asyncio.to_thread(run)
