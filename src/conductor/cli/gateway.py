@@ -29,9 +29,9 @@ def gateway(
     """
     from celery.signals import worker_ready
 
+    from conductor.messaging import queue_for
     from conductor.settings import get_settings, load_pool
     from conductor_gateway.celery_app import create_celery, shutdown
-    from conductor_gateway.messages import queue_for
     from conductor_gateway.settings import GatewaySettings
 
     settings = GatewaySettings.load()
