@@ -445,12 +445,25 @@ class WorkflowMachine:
         self._emit(EventKind.STEP_FINISHED, step=step.index)
 
     def _emit(self, kind: EventKind, *, step: int | None = None, round: int | None = None) -> None:
-        self.state.event_sequence += 1
+        # Clients number the events they stream from 1; "started" is for traces only.
+        if kind is not EventKind.STARTED:
+            self.state.event_sequence += 1
+        sequence = self.state.event_sequence if kind is not EventKind.STARTED else 0
         self.events.append(
-            MachineEvent(
-                kind=kind, sequence=self.state.event_sequence, at=utcnow(), step=step, round=round
-            )
+            MachineEvent(kind=kind, sequence=sequence, at=utcnow(), step=step, round=round)
         )
+
+
+def event_subject(
+    result: WorkflowResult, event: MachineEvent
+) -> PlanOutcome | StepRecord | WorkflowResult:
+    """What an event is about: the plan of its round, its step, or the whole workflow."""
+    if event.kind is EventKind.PLAN:
+        return next(c for c in result.planner_calls if c.round == event.round)
+    if event.kind in (EventKind.STEP_STARTED, EventKind.STEP_FINISHED):
+        assert event.step is not None
+        return result.steps[event.step]
+    return result
 
 
 def _ms(delta: Any) -> float:

@@ -21,11 +21,12 @@ from conductor.machine import (
     MachineEvent,
     RequestPlan,
     WorkflowMachine,
+    event_subject,
 )
 from conductor.pool import Pool
 from conductor.ports import Planner, StepCallFailed, StepRunner, WorkflowObserver
 from conductor.profiles import Profile
-from conductor.workflow import PoolEntry, WorkflowResult
+from conductor.workflow import PlanOutcome, PoolEntry, StepRecord, WorkflowResult
 
 logger = logging.getLogger(__name__)
 
@@ -150,19 +151,16 @@ class WorkflowExecutor:
     def _observer_call(
         self, result: WorkflowResult, event: MachineEvent
     ) -> Callable[[WorkflowObserver], Awaitable[None]]:
-        kind = event.kind
-        if kind is EventKind.STARTED:
+        subject = event_subject(result, event)
+        if event.kind is EventKind.STARTED:
             snapshot = [self.pool.get(e.name).snapshot() for e in self.entries]
             return lambda o: o.workflow_started(result, snapshot)
-        if kind is EventKind.PLAN:
-            outcome = next(c for c in result.planner_calls if c.round == event.round)
-            return lambda o: o.plan_ready(result, outcome)
-        if kind in (EventKind.STEP_STARTED, EventKind.STEP_FINISHED):
-            assert event.step is not None
-            step = result.steps[event.step]
-            if kind is EventKind.STEP_STARTED:
-                return lambda o: o.step_started(result, step)
-            return lambda o: o.step_finished(result, step)
+        if isinstance(subject, PlanOutcome):
+            return lambda o: o.plan_ready(result, subject)
+        if isinstance(subject, StepRecord):
+            if event.kind is EventKind.STEP_STARTED:
+                return lambda o: o.step_started(result, subject)
+            return lambda o: o.step_finished(result, subject)
         return lambda o: o.workflow_finished(result)
 
 

@@ -31,7 +31,7 @@ from conductor.messaging import (
 from conductor.ports import StepCallFailed
 from conductor.settings import Settings, get_settings, load_pool
 from conductor_gateway.gateway import WorkerGateway
-from conductor_gateway.loop_thread import LoopThread
+from conductor.loop_thread import LoopThread
 from conductor_gateway.quotas_redis import RedisQuotas
 from conductor_gateway.registry import build_workers
 from conductor_gateway.settings import GatewaySettings

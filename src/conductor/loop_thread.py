@@ -1,6 +1,7 @@
 """One asyncio event loop on a background thread, shared by every Celery task thread.
 
-Why: a gateway process must hold hundreds of slow LLM calls in flight. Celery's thread pool
+Why: Celery runs tasks on threads, while the clients they use (httpx, redis.asyncio, grpc.aio)
+are asyncio. A gateway process must hold hundreds of slow LLM calls in flight. Celery's thread pool
 gives each in-flight task a thread (a few KB of Python state while it waits); the HTTP calls,
 quota waits and backoff sleeps of all of them run as coroutines on this one loop, sharing one
 connection pool per provider. Blocking threads on futures is cheap; 500 event loops or 500
@@ -18,7 +19,7 @@ T = TypeVar("T")
 
 
 class LoopThread:
-    def __init__(self, name: str = "conductor-gateway-loop") -> None:
+    def __init__(self, name: str = "conductor-loop") -> None:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
