@@ -87,7 +87,7 @@ def test_ask_prints_plan_steps_answer_and_totals(tmp_path: Path) -> None:
         (["ask", "hi", "--variant", "conductor-mega"], {}, "unknown variant 'conductor-mega'"),
         (["ask", "hi"], {"CONDUCTOR_LOCAL_MODEL": "/nowhere/model.gguf"}, "not found"),
         (["ask", "hi"], {"CONDUCTOR_POOL_FILE": "/nowhere/pool.yaml"}, "cannot read pool file"),
-        (["ask", "hi"], {"CONDUCTOR_PLANNER_BACKEND": "vllm"}, "not available in this release"),
+        (["ask", "hi"], {"CONDUCTOR_PLANNER_BACKEND": "vllm"}, "needs CONDUCTOR_PLANNER_MODEL"),
         (["ask", "hi"], {"CONDUCTOR_PLANNER_BACKEND": "gpt"}, "CONDUCTOR_PLANNER_BACKEND: Input"),
         (["ask", "hi"], {"CONDUCTOR_LLAMACPP_THREADS": "0"}, "CONDUCTOR_LLAMACPP_THREADS: Input"),
     ],

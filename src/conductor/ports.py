@@ -92,7 +92,7 @@ class StepRunner(Protocol):
 
 @runtime_checkable
 class PlannerBackend(Protocol):
-    """Generates the Conductor's raw text. Backends: llamacpp, openai; later vllm, transformers."""
+    """Generates the Conductor's raw text. Backends: llamacpp, openai, transformers, vllm."""
 
     name: str
     plan_format: PlanFormat

@@ -1,7 +1,14 @@
 """Planner backends behind one interface (conductor.ports.PlannerBackend), chosen by settings.
 
-``llamacpp`` and ``openai`` are here; ``transformers`` (trained checkpoints) and ``vllm``
-(in-process GPU engine) plug into the same interface with the distributed runtime.
+- ``llamacpp``: the embedded llama.cpp engine on a GGUF file (CPU), JSON-schema-constrained.
+- ``openai``: any OpenAI-compatible endpoint (a ``vllm serve`` sidecar, a hosted model).
+- ``transformers``: trained checkpoints (or a GGUF file) on Hugging Face transformers, CPU or
+  GPU, written in the paper's lists form as in training; concurrent plans run in micro-batches.
+  Extra ``transformers``.
+- ``vllm``: vLLM's async engine in this process (GPU), JSON-schema-constrained. Extra ``vllm``.
+
+The heavy libraries are imported only for the backend that is chosen; a missing extra, model or
+GPU is a ConfigurationError that says what to do.
 """
 
 from __future__ import annotations
@@ -9,17 +16,13 @@ from __future__ import annotations
 import os
 
 from conductor.errors import ConfigurationError
-from conductor.ports import PlannerBackend
+from conductor.ports import PlanFormat, PlannerBackend
 from conductor.settings import Settings
-
-NOT_YET = {
-    "transformers": "serves trained checkpoints; it arrives with the distributed planner",
-    "vllm": "runs on a GPU; it arrives with the distributed planner",
-}
 
 
 def create_backend(settings: Settings) -> PlannerBackend:
-    """The configured backend. A llamacpp backend loads its model here (blocking, ~1 s)."""
+    """The configured backend, its model loaded (blocking: ~1 s for llama.cpp, seconds to
+    minutes for transformers and vLLM; servers call it in a thread)."""
     name = settings.planner_backend
     if name == "llamacpp":
         from conductor.llamacpp import EngineOptions, get_engine
@@ -48,7 +51,23 @@ def create_backend(settings: Settings) -> PlannerBackend:
             api_key=api_key,
             structured=settings.planner_structured,
         )
-    raise ConfigurationError(
-        f"planner backend {name!r} is not available in this release: {NOT_YET[name]}. "
-        "Use CONDUCTOR_PLANNER_BACKEND=llamacpp or openai."
-    )
+    if name == "transformers":
+        from conductor_planner.backends.transformers import load_transformers_backend
+
+        return load_transformers_backend(
+            settings.planner_model,
+            device=settings.planner_device,
+            dtype=settings.planner_dtype,
+            max_batch_size=settings.planner_max_batch_size,
+        )
+    if name == "vllm":
+        from conductor_planner.backends.vllm import load_vllm_backend
+
+        return load_vllm_backend(
+            settings.planner_model,
+            dtype=settings.planner_dtype,
+            gpu_memory_utilization=settings.planner_gpu_memory_utilization,
+            max_model_len=settings.planner_max_model_len,
+            plan_format=PlanFormat.JSON if settings.planner_structured else PlanFormat.LISTS,
+        )
+    raise ConfigurationError(f"unknown planner backend {name!r}")
