@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,8 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'data' / 'conductor.db'}"
 
 
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
+@contextmanager
+def _fresh_database() -> Iterator[str]:
     """A fresh database ``conductor_test_<random>`` on the test server, dropped afterwards."""
     server = os.environ.get("CONDUCTOR_TEST_POSTGRES_URL", DEFAULT_TEST_POSTGRES_URL)
     name = f"conductor_test_{uuid.uuid4().hex[:12]}"
@@ -53,6 +54,20 @@ def postgres_url() -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A database of this test's own on the test PostgreSQL server."""
+    with _fresh_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def module_postgres_url() -> Iterator[str]:
+    """A database shared by the tests of one module (for costly set-ups such as a stack)."""
+    with _fresh_database() as url:
+        yield url
 
 
 @pytest.fixture(

@@ -1,7 +1,8 @@
 """Behaviour of the orchestration: parallelism, access lists, recursion bound, fallback.
 
 The workers and planner backend are scripted fakes; the planner, parser, validator and
-executor are the real ones.
+executor are the real ones. Each test runs twice: on the embedded executor, and through the
+distributed stack (gRPC planner, aggregator and gateway on the Redis broker, Postgres).
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 import jsonschema
 import pytest
@@ -19,12 +21,13 @@ from hypothesis import strategies as st
 from conductor.chat import ChatMessage
 from conductor.errors import ProviderUnavailable
 from conductor.pool import Pool, Price, Provider, WorkerSpec
-from conductor.ports import PlanFormat
+from conductor.ports import PlanFormat, PlannerBackend
 from conductor.profiles import BUILTIN_PROFILES, Profile
 from conductor.workflow import StepKind, StepStatus, WorkflowResult, WorkflowStatus
 from conductor_aggregator.executor import WorkflowExecutor
 from conductor_planner import ConductorPlanner
 
+from fakes.distributed import DistributedStack, distributed_stack
 from fakes.scripted import ScriptedBackend, ScriptedWorker, lists, scripted_gateway
 
 ULTRA = BUILTIN_PROFILES["conductor-ultra"]
@@ -47,22 +50,58 @@ def _pool(price: Price | None = None) -> Pool:
     )
 
 
+class Runtime(Protocol):
+    async def run(self, question: str, profile: Profile) -> WorkflowResult: ...
+
+
+Make = Callable[[PlannerBackend, Pool, Sequence[ScriptedWorker]], Runtime]
+
+
+@pytest.fixture(scope="module")
+def stack(
+    module_postgres_url: str, redis_url: str, module_redis_prefix: str
+) -> Iterator[DistributedStack]:
+    with distributed_stack(module_postgres_url, redis_url, module_redis_prefix) as running:
+        yield running
+
+
+@pytest.fixture(
+    params=[
+        "embedded",
+        pytest.param("distributed", marks=[pytest.mark.postgres, pytest.mark.broker]),
+    ]
+)
+def make_runtime(request: pytest.FixtureRequest) -> Make:
+    """Builds the runtime under test around a scripted planner backend and workers."""
+    if request.param == "embedded":
+        return lambda backend, pool, workers: WorkflowExecutor(
+            planner=ConductorPlanner(backend),
+            pool=pool,
+            gateway=scripted_gateway(pool, {w.name: w for w in workers}),
+        )
+    stack: DistributedStack = request.getfixturevalue("stack")
+
+    def make(backend: PlannerBackend, pool: Pool, workers: Sequence[ScriptedWorker]) -> Runtime:
+        stack.configure(backend, pool, {w.name: w for w in workers})
+        return stack
+
+    return make
+
+
 def _executor(
-    outputs: list[str], workers: Sequence[ScriptedWorker], price: Price | None = None
-) -> tuple[WorkflowExecutor, ScriptedBackend]:
+    make_runtime: Make,
+    outputs: list[str],
+    workers: Sequence[ScriptedWorker],
+    price: Price | None = None,
+) -> tuple[Runtime, ScriptedBackend]:
     backend = ScriptedBackend(outputs=outputs)
-    executor = WorkflowExecutor(
-        planner=ConductorPlanner(backend),
-        pool=_pool(price),
-        gateway=scripted_gateway(_pool(price), {w.name: w for w in workers}),
-    )
-    return executor, backend
+    return make_runtime(backend, _pool(price), workers), backend
 
 
-async def test_independent_steps_overlap_in_time() -> None:
+async def test_independent_steps_overlap_in_time(make_runtime: Make) -> None:
     workers = [ScriptedWorker(n, delay_s=0.3) for n in NAMES]
     plan = lists([0, 1, 2], ["left", "right", "join"], [[], [], [0, 1]])
-    executor, _ = _executor([plan], workers)
+    executor, _ = _executor(make_runtime, [plan], workers)
 
     result = await executor.run("q", ULTRA)
 
@@ -73,10 +112,10 @@ async def test_independent_steps_overlap_in_time() -> None:
     assert result.answer == "gamma-answer-1"
 
 
-async def test_a_sequential_profile_never_overlaps_steps() -> None:
+async def test_a_sequential_profile_never_overlaps_steps(make_runtime: Make) -> None:
     workers = [ScriptedWorker(n, delay_s=0.05) for n in NAMES]
     plan = lists([0, 1, 2], ["a", "b", "c"], [[], [], []])
-    executor, _ = _executor([plan], workers)
+    executor, _ = _executor(make_runtime, [plan], workers)
     profile = ULTRA.model_copy(update={"parallel": False})
 
     await executor.run("q", profile)
@@ -88,12 +127,12 @@ async def test_a_sequential_profile_never_overlaps_steps() -> None:
 _MARK = re.compile(r"(SUBTASK|ANSWER)-(\d)")
 
 
-async def test_no_worker_sees_a_step_outside_its_access_list() -> None:
+async def test_no_worker_sees_a_step_outside_its_access_list(make_runtime: Make) -> None:
     answer = lambda messages: "ANSWER-" + _MARK.findall(messages[-1].content)[-1][1]  # noqa: E731
     workers = [ScriptedWorker(n, delay_s=0.01, answer=answer) for n in NAMES]
     access: list[list[object]] = [[], [], [0], ["all"], [1, 3]]
     plan = lists([0, 1, 2, 0, 1], [f"SUBTASK-{i}" for i in range(5)], access)
-    executor, _ = _executor([plan], workers)
+    executor, _ = _executor(make_runtime, [plan], workers)
 
     result = await executor.run("QUESTION-TEXT", ULTRA)
 
@@ -145,14 +184,12 @@ class RecursingBackend(ScriptedBackend):
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(first_steps=st.integers(2, 5), rounds=st.integers(0, 3))
-async def test_recursion_stops_at_its_bound(first_steps: int, rounds: int) -> None:
+async def test_recursion_stops_at_its_bound(
+    first_steps: int, rounds: int, make_runtime: Make
+) -> None:
     backend = RecursingBackend(first_steps)
     workers = [ScriptedWorker(n) for n in NAMES]
-    executor = WorkflowExecutor(
-        planner=ConductorPlanner(backend),
-        pool=_pool(),
-        gateway=scripted_gateway(_pool(), {w.name: w for w in workers}),
-    )
+    executor = make_runtime(backend, _pool(), workers)
     profile = Profile(name="deep", max_steps=5, recursion_rounds=rounds)
 
     result = await executor.run("q", profile)
@@ -169,11 +206,11 @@ async def test_recursion_stops_at_its_bound(first_steps: int, rounds: int) -> No
     assert result.answer == result.steps[-1].output
 
 
-async def test_one_recursion_round_sees_the_previous_plan_and_answer() -> None:
+async def test_one_recursion_round_sees_the_previous_plan_and_answer(make_runtime: Make) -> None:
     first = lists([0, 3], ["Solve.", "Review."], [[], ["all"]])
     second = lists([1], ["Check the last answer and fix it."], [["all"]])
     workers = [ScriptedWorker(n) for n in NAMES]
-    executor, backend = _executor([first, second], workers)
+    executor, backend = _executor(make_runtime, [first, second], workers)
 
     result = await executor.run("q", ULTRA)
 
@@ -189,10 +226,10 @@ async def test_one_recursion_round_sees_the_previous_plan_and_answer() -> None:
     assert result.answer == "beta-answer-1"
 
 
-async def test_recursion_round_that_stops_keeps_the_last_answer() -> None:
+async def test_recursion_round_that_stops_keeps_the_last_answer(make_runtime: Make) -> None:
     first = lists([0, 3], ["Solve.", "Review."], [[], ["all"]])
     stop = "It is right.\nmodel_id = []\nsubtasks = []\naccess_list = []"
-    executor, _ = _executor([first, stop], [ScriptedWorker(n) for n in NAMES])
+    executor, _ = _executor(make_runtime, [first, stop], [ScriptedWorker(n) for n in NAMES])
 
     result = await executor.run("q", ULTRA)
 
@@ -209,9 +246,11 @@ async def test_recursion_round_that_stops_keeps_the_last_answer() -> None:
         (lists([0, 1], ["x"], [[], []]), "differ in length"),
     ],
 )
-async def test_invalid_conductor_output_falls_back_and_is_recorded(output: str, error: str) -> None:
+async def test_invalid_conductor_output_falls_back_and_is_recorded(
+    output: str, error: str, make_runtime: Make
+) -> None:
     workers = [ScriptedWorker(n) for n in NAMES]
-    executor, _ = _executor([output], workers)
+    executor, _ = _executor(make_runtime, [output], workers)
 
     result = await executor.run("What is 2+2?", ULTRA)
 
@@ -226,14 +265,14 @@ async def test_invalid_conductor_output_falls_back_and_is_recorded(output: str, 
     assert result.answer == "alpha-answer-1"
 
 
-async def test_a_failing_step_fails_the_workflow_with_its_reason() -> None:
+async def test_a_failing_step_fails_the_workflow_with_its_reason(make_runtime: Make) -> None:
     workers = [
         ScriptedWorker("alpha", fail_with=ProviderUnavailable("HTTP 503 from provider")),
         ScriptedWorker("beta", delay_s=5.0),
         ScriptedWorker("gamma"),
     ]
     plan = lists([0, 1, 2], ["a", "b", "c"], [[], [], ["all"]])
-    executor, _ = _executor([plan], workers)
+    executor, _ = _executor(make_runtime, [plan], workers)
 
     result = await executor.run("q", ULTRA)
 
@@ -248,10 +287,10 @@ async def test_a_failing_step_fails_the_workflow_with_its_reason() -> None:
     assert result.latency_ms < 2000  # the slow sibling was cancelled, not awaited
 
 
-async def test_usage_and_cost_count_every_step_and_the_conductor() -> None:
+async def test_usage_and_cost_count_every_step_and_the_conductor(make_runtime: Make) -> None:
     workers = [ScriptedWorker(n) for n in NAMES]
     plan = lists([0, 1], ["a b", "c"], [[], [0]])
-    executor, _ = _executor([plan], workers, price=Price(input=1.0, output=2.0))
+    executor, _ = _executor(make_runtime, [plan], workers, price=Price(input=1.0, output=2.0))
 
     result = await executor.run("q", ULTRA)
 
@@ -265,9 +304,9 @@ async def test_usage_and_cost_count_every_step_and_the_conductor() -> None:
     assert result.cost_usd == pytest.approx(sum(s.cost_usd for s in result.steps))
 
 
-async def test_the_mini_variant_is_offered_one_step_and_no_recursion() -> None:
+async def test_the_mini_variant_is_offered_one_step_and_no_recursion(make_runtime: Make) -> None:
     workers = [ScriptedWorker(n) for n in NAMES]
-    executor, backend = _executor([lists([1], ["Answer."], [[]])], workers)
+    executor, backend = _executor(make_runtime, [lists([1], ["Answer."], [[]])], workers)
 
     result: WorkflowResult = await executor.run("q", BUILTIN_PROFILES["conductor-mini"])
 
@@ -278,18 +317,20 @@ async def test_the_mini_variant_is_offered_one_step_and_no_recursion() -> None:
 
 
 @pytest.mark.parametrize("question", ["", "   ", "x" * 100_001])
-async def test_bad_questions_are_refused_before_anything_runs(question: str) -> None:
-    executor, backend = _executor(["unused"], [ScriptedWorker(n) for n in NAMES])
+async def test_bad_questions_are_refused_before_anything_runs(
+    question: str, make_runtime: Make
+) -> None:
+    executor, backend = _executor(make_runtime, ["unused"], [ScriptedWorker(n) for n in NAMES])
     with pytest.raises(ValueError, match="question"):
         await executor.run(question, ULTRA)
     assert backend.requests == []
 
 
-async def test_later_round_numbers_are_local_and_all_reaches_back() -> None:
+async def test_later_round_numbers_are_local_and_all_reaches_back(make_runtime: Make) -> None:
     first = lists([0, 1, 3], ["A", "B", "Review."], [[], [], ["all"]])
     second = lists([2, 0], ["C", "D"], [[], [0]])
     workers = [ScriptedWorker(n) for n in NAMES]
-    executor, _ = _executor([first, second], workers)
+    executor, _ = _executor(make_runtime, [first, second], workers)
 
     result = await executor.run("q", ULTRA)
 
@@ -299,13 +340,17 @@ async def test_later_round_numbers_are_local_and_all_reaches_back() -> None:
     assert result.steps[3].visible_steps == []
 
 
-async def test_a_failure_before_the_conductor_step_leaves_no_step_unfinished() -> None:
+async def test_a_failure_before_the_conductor_step_leaves_no_step_unfinished(
+    make_runtime: Make,
+) -> None:
     workers = [
         ScriptedWorker("alpha", fail_with=ProviderUnavailable("down")),
         ScriptedWorker("beta"),
         ScriptedWorker("gamma"),
     ]
-    executor, _ = _executor([lists([0, 3], ["Solve.", "Review."], [[], ["all"]])], workers)
+    executor, _ = _executor(
+        make_runtime, [lists([0, 3], ["Solve.", "Review."], [[], ["all"]])], workers
+    )
 
     result = await executor.run("q", ULTRA)
 
@@ -314,13 +359,15 @@ async def test_a_failure_before_the_conductor_step_leaves_no_step_unfinished() -
     assert all(s.finished_at is not None for s in result.steps)
 
 
-async def test_an_empty_last_answer_is_the_answer() -> None:
+async def test_an_empty_last_answer_is_the_answer(make_runtime: Make) -> None:
     workers = [
         ScriptedWorker("alpha"),
         ScriptedWorker("beta", answer=lambda _: ""),
         ScriptedWorker("gamma"),
     ]
-    executor, _ = _executor([lists([0, 1], ["draft", "final"], [[], ["all"]])], workers)
+    executor, _ = _executor(
+        make_runtime, [lists([0, 1], ["draft", "final"], [[], ["all"]])], workers
+    )
 
     result = await executor.run("q", ULTRA)
 
@@ -353,7 +400,9 @@ async def test_a_failing_observer_does_not_lose_the_answer(
     assert "database unreachable" in caplog.text
 
 
-async def test_recursion_under_the_json_schema_lets_the_new_first_step_see_earlier_rounds() -> None:
+async def test_recursion_under_the_json_schema_lets_the_new_first_step_see_earlier_rounds(
+    make_runtime: Make,
+) -> None:
     def step(model_id: int, subtask: str, access: list[object]) -> dict[str, object]:
         return {"model_id": model_id, "subtask": subtask, "access_list": access}
 
@@ -363,11 +412,7 @@ async def test_recursion_under_the_json_schema_lets_the_new_first_step_see_earli
         outputs=[json.dumps(first), json.dumps(second)], plan_format=PlanFormat.JSON
     )
     workers = [ScriptedWorker(n) for n in NAMES]
-    executor = WorkflowExecutor(
-        planner=ConductorPlanner(backend),
-        pool=_pool(),
-        gateway=scripted_gateway(_pool(), {w.name: w for w in workers}),
-    )
+    executor = make_runtime(backend, _pool(), workers)
 
     result = await executor.run("q", ULTRA)
 

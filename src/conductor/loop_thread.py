@@ -38,8 +38,23 @@ class LoopThread:
             raise
 
     def stop(self) -> None:
+        """Cancel what still runs (threads blocked in ``run`` get CancelledError rather than
+        waiting forever), then stop the loop."""
         if self.loop.is_closed():
             return
+
+        async def cancel_all() -> None:
+            current = asyncio.current_task()
+            pending = [t for t in asyncio.all_tasks() if t is not current]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+        if self._thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(10)
+            except (TimeoutError, RuntimeError):
+                pass  # a task that ignores cancellation: stop regardless
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
         self.loop.close()

@@ -1,7 +1,7 @@
 """The orchestration rules shared by every runtime (embedded executor, distributed aggregator).
 
-Pure functions over step records: which earlier steps a step may see, the chat messages a
-worker receives, when a step is ready, and the recursion budget. No I/O here.
+Pure functions: whether a question is acceptable, which earlier steps a step may see, the chat
+messages a worker receives, and the recursion budget. No I/O here.
 """
 
 from __future__ import annotations
@@ -9,9 +9,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from conductor.chat import ChatMessage
+from conductor.errors import InvalidRequest
 from conductor.workflow import ALL, AccessEntry, StepKind, StepRecord
 
 CONDUCTOR_WORKER = "conductor"
+MAX_QUESTION_CHARS = 100_000
+
+
+def check_question(question: str) -> None:
+    if not question.strip():
+        raise InvalidRequest("the question is empty")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise InvalidRequest(f"the question is longer than {MAX_QUESTION_CHARS} characters")
 
 
 def resolve_visible_steps(

@@ -44,7 +44,8 @@ class Settings(BaseSettings):
     planner_model: str | None = None
     planner_base_url: str | None = None
     planner_api_key_env: str | None = None
-    # openai backend only: ask for JSON-schema-constrained output (response_format).
+    # openai and vllm: constrain the Conductor's output to the plan's JSON schema. Leave it off
+    # for a trained checkpoint: training teaches the lists form, and serving must match it.
     planner_structured: bool = False
     # transformers: where the model runs (cuda, cuda:1, cpu). Unset: cuda if available, else cpu.
     planner_device: str | None = None

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import redis
@@ -37,9 +38,8 @@ def redis_url() -> str:
     return url
 
 
-@pytest.fixture
-def redis_prefix(redis_url: str) -> Iterator[str]:
-    """A key prefix of this test's own; its keys are deleted afterwards."""
+@contextmanager
+def _key_prefix(redis_url: str) -> Iterator[str]:
     prefix = f"conductor-test-{uuid.uuid4().hex[:12]}:"
     yield prefix
     client = redis.Redis.from_url(redis_url)
@@ -49,6 +49,20 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
             client.delete(*keys)
     finally:
         client.close()
+
+
+@pytest.fixture
+def redis_prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix of this test's own; its keys are deleted afterwards."""
+    with _key_prefix(redis_url) as prefix:
+        yield prefix
+
+
+@pytest.fixture(scope="module")
+def module_redis_prefix(redis_url: str) -> Iterator[str]:
+    """A key prefix shared by the tests of one module; its keys are deleted afterwards."""
+    with _key_prefix(redis_url) as prefix:
+        yield prefix
 
 
 @pytest.fixture(scope="session")

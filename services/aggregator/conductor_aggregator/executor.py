@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from conductor.errors import ConfigurationError, InvalidRequest
+from conductor.errors import ConfigurationError
 from conductor.machine import (
     Action,
     Dispatch,
@@ -23,21 +23,13 @@ from conductor.machine import (
     WorkflowMachine,
     event_subject,
 )
+from conductor.orchestration import check_question
 from conductor.pool import Pool
 from conductor.ports import Planner, StepCallFailed, StepRunner, WorkflowObserver
 from conductor.profiles import Profile
 from conductor.workflow import PlanOutcome, PoolEntry, StepRecord, WorkflowResult
 
 logger = logging.getLogger(__name__)
-
-MAX_QUESTION_CHARS = 100_000
-
-
-def check_question(question: str) -> None:
-    if not question.strip():
-        raise InvalidRequest("the question is empty")
-    if len(question) > MAX_QUESTION_CHARS:
-        raise InvalidRequest(f"the question is longer than {MAX_QUESTION_CHARS} characters")
 
 
 def step_error(exc: BaseException) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 
 from conductor.errors import ConductorError
 from conductor.llamacpp import EngineOptions
+from conductor.loop_thread import LoopThread
 from conductor.messaging import (
     CALL_WORKER_TASK,
     STEP_RESULT_TASK,
@@ -28,10 +30,10 @@ from conductor.messaging import (
     CallRequest,
     celery_config,
 )
-from conductor.ports import StepCallFailed
+from conductor.pool import Pool
+from conductor.ports import ChatWorker, StepCallFailed
 from conductor.settings import Settings, get_settings, load_pool
 from conductor_gateway.gateway import WorkerGateway
-from conductor.loop_thread import LoopThread
 from conductor_gateway.quotas_redis import RedisQuotas
 from conductor_gateway.registry import build_workers
 from conductor_gateway.settings import GatewaySettings
@@ -48,11 +50,20 @@ PUSH_REPLY = "redis.call('LPUSH', KEYS[1], ARGV[1]); redis.call('EXPIRE', KEYS[1
 class GatewayProcess:
     """What one gateway process holds: the event loop thread, the gateway, a Redis client."""
 
-    def __init__(self, settings: GatewaySettings, app_settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        app_settings: Settings,
+        *,
+        workers: Mapping[str, ChatWorker] | None = None,
+        pool: Pool | None = None,
+    ) -> None:
+        """``workers`` and ``pool`` replace the ones built from the settings (tests)."""
         self.settings = settings
-        self.loop = LoopThread()
-        pool = load_pool(app_settings)
-        workers = build_workers(pool, EngineOptions.from_settings(app_settings))
+        self.loop = LoopThread("conductor-gateway-loop")
+        pool = pool or load_pool(app_settings)
+        if workers is None:
+            workers = build_workers(pool, EngineOptions.from_settings(app_settings))
         self.redis: aioredis.Redis = self.loop.run(self._connect())
         quotas = RedisQuotas(
             self.redis, prefix=settings.redis_prefix, config=settings.quota_config()
@@ -114,18 +125,30 @@ class GatewayProcess:
         self.loop.stop()
 
 
-def create_celery(settings: GatewaySettings | None = None) -> Celery:
+def create_celery(
+    settings: GatewaySettings | None = None,
+    build: Callable[[], GatewayProcess] | None = None,
+) -> Celery:
     """The gateway's Celery app; the gateway itself is built on the first task, in the worker."""
     settings = settings or GatewaySettings.load()
     app = Celery("conductor_gateway")
     app.conf.update(celery_config(settings))
+    register_gateway_tasks(app, settings, build)
+    return app
+
+
+def register_gateway_tasks(
+    app: Celery, settings: GatewaySettings, build: Callable[[], GatewayProcess] | None = None
+) -> None:
+    """Add the gateway's task to ``app``. ``build`` replaces the production wiring (tests run
+    scripted workers behind the queue)."""
     holder: dict[str, GatewayProcess] = {}
     lock = threading.Lock()
 
     def process() -> GatewayProcess:
         with lock:
             if "process" not in holder:
-                holder["process"] = GatewayProcess(settings, get_settings())
+                holder["process"] = build() if build else GatewayProcess(settings, get_settings())
             return holder["process"]
 
     @app.task(name=CALL_WORKER_TASK, bind=True, max_retries=INFRA_RETRIES)
@@ -144,7 +167,6 @@ def create_celery(settings: GatewaySettings | None = None) -> Celery:
             raise self.retry(exc=exc, countdown=2) from exc
 
     app.conf.gateway_process = holder  # for shutdown by the worker command
-    return app
 
 
 def shutdown(app: Celery) -> None:

@@ -7,9 +7,11 @@ import sys
 
 import typer
 
+from conductor.cli.aggregator import aggregator
 from conductor.cli.ask import ask
 from conductor.cli.db import db_app
 from conductor.cli.gateway import gateway
+from conductor.cli.planner import planner
 from conductor.cli.pool import pool
 from conductor.errors import ConductorError
 
@@ -23,6 +25,8 @@ app = typer.Typer(
 app.command()(ask)
 app.command()(pool)
 app.command()(gateway)
+app.command()(planner)
+app.command()(aggregator)
 app.add_typer(db_app, name="db")
 
 

@@ -40,7 +40,7 @@ def ask(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object, nothing else."),
 ) -> None:
     """Answer QUESTION with a workflow the Conductor writes, and keep its trace."""
-    from conductor_aggregator.executor import check_question
+    from conductor.orchestration import check_question
 
     check_question(question)
     settings = get_settings()

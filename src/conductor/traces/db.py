@@ -117,6 +117,26 @@ def upgrade(url: str | URL, revision: str = "head") -> None:
         engine.dispose()
 
 
+def check_schema(url: str | URL) -> None:
+    """Refuse to run on a database whose schema is not the latest one (services do not migrate
+    on their own: one ``conductor db upgrade`` per release, not one per replica)."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            current = MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
+    if current != head:
+        raise ConfigurationError(
+            f"the database {redact_url(url)} is at schema {current or 'none'}, not {head}: "
+            "run `conductor db upgrade` first"
+        )
+
+
 def wait_for_database(url: str | URL, timeout_s: float = 30.0) -> None:
     """Block until the database answers ``SELECT 1``; start-up waits on it rather than crash.
 

@@ -1,0 +1,177 @@
+"""The aggregator on Celery: three tasks on the ``aggregator`` queue, and a deadline sweeper.
+
+Messages are acknowledged after their transaction commits (acks_late). A database or broker
+hiccup re-queues the message (a few seconds later) rather than losing it; an unreachable
+planner is tried again with backoff before the round fails with the reason. Each process also
+runs a sweeper thread that acts on passed deadlines (lost messages, silent workers) and sends
+lost start messages again, so no workflow stays running or queued forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from celery import Celery, Task
+from kombu.exceptions import OperationalError as BrokerError
+from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError as DatabaseError
+
+from conductor.loop_thread import LoopThread
+from conductor.messaging import (
+    PLAN_ROUND_TASK,
+    START_WORKFLOW_TASK,
+    STEP_RESULT_TASK,
+    CallReply,
+    celery_config,
+)
+from conductor.rpc.planner_client import GrpcPlanner
+from conductor.settings import Settings, get_settings, load_pool
+from conductor.traces.db import check_schema, make_engine, wait_for_database
+from conductor.traces.store import TraceWrites
+from conductor_aggregator.service import Aggregator, PlannerUnreachable
+from conductor_aggregator.settings import AggregatorSettings
+
+logger = logging.getLogger(__name__)
+
+INFRA_ERRORS = (DatabaseError, BrokerError, OSError)
+INFRA_RETRIES = 60  # about two minutes of database or broker trouble before a message is dropped
+# (the sweeper still finds its workflow at the next deadline)
+
+
+def build_aggregator(
+    settings: AggregatorSettings, app_settings: Settings, app: Celery
+) -> Aggregator:
+    """The production wiring: Postgres, the gRPC planner, Redis for event notices."""
+    wait_for_database(app_settings.database_url)
+    check_schema(app_settings.database_url)
+    pool = load_pool(app_settings)
+    engine = make_engine(app_settings.database_url)
+    loop = LoopThread("conductor-aggregator-loop")
+    key_variables = [w.api_key_env for w in pool.workers if w.api_key_env]
+    return Aggregator(
+        engine=engine,
+        app=app,
+        planner=GrpcPlanner(app_settings.planner_addr, timeout_s=settings.planner_timeout_s),
+        loop=loop,
+        pool=pool,
+        writes=TraceWrites(engine.dialect.name, secret_env_names=key_variables),
+        redis_client=redis.Redis.from_url(settings.redis_url),
+        redis_prefix=settings.redis_prefix,
+        planner_timeout_s=settings.planner_timeout_s,
+    )
+
+
+def create_aggregator_celery(
+    settings: AggregatorSettings | None = None,
+    build: Callable[[Celery], Aggregator] | None = None,
+) -> Celery:
+    """The aggregator's Celery app; the aggregator itself is built on first use, in the worker."""
+    settings = settings or AggregatorSettings.load()
+    app = Celery("conductor_aggregator")
+    app.conf.update(celery_config(settings))
+    register_aggregator_tasks(app, settings, build)
+    return app
+
+
+def register_aggregator_tasks(
+    app: Celery,
+    settings: AggregatorSettings,
+    build: Callable[[Celery], Aggregator] | None = None,
+) -> None:
+    """Add the aggregator's tasks to ``app``. ``build`` replaces the production wiring (tests
+    inject their planner and database)."""
+    holder: dict[str, Aggregator] = {}
+    lock = threading.Lock()
+
+    def aggregator() -> Aggregator:
+        with lock:
+            if "aggregator" not in holder:
+                holder["aggregator"] = (
+                    build(app) if build else build_aggregator(settings, get_settings(), app)
+                )
+            return holder["aggregator"]
+
+    def run(task: Task[Any, Any], work: Callable[[], None]) -> None:
+        try:
+            work()
+        except INFRA_ERRORS as exc:
+            logger.warning("%s: %s; the message is re-queued", task.name, exc)
+            raise task.retry(exc=exc, countdown=2, max_retries=INFRA_RETRIES) from exc
+
+    @app.task(name=START_WORKFLOW_TASK, bind=True)
+    def start_workflow(self: Task[Any, Any], workflow_id: str) -> None:
+        parsed = _workflow_id(workflow_id)
+        if parsed is not None:
+            run(self, lambda: aggregator().start(parsed))
+
+    @app.task(name=PLAN_ROUND_TASK, bind=True)
+    def plan_round(self: Task[Any, Any], workflow_id: str, round_no: int) -> None:
+        parsed = _workflow_id(workflow_id)
+        if parsed is None:
+            return
+        tries = self.request.retries
+        final = tries >= settings.planner_retries
+        try:
+            run(self, lambda: aggregator().plan(parsed, round_no, final_try=final))
+        except PlannerUnreachable as exc:
+            delay = min(2.0**tries, 30.0)
+            logger.warning("planning %s: %s; trying again in %g s", workflow_id, exc, delay)
+            retries = settings.planner_retries
+            raise self.retry(exc=exc, countdown=delay, max_retries=retries) from exc
+
+    @app.task(name=STEP_RESULT_TASK, bind=True)
+    def step_result(self: Task[Any, Any], reply: dict[str, Any]) -> None:
+        try:
+            parsed = CallReply.model_validate(reply)
+        except ValidationError as exc:
+            logger.error("dropping a malformed step result: %s", exc)
+            return
+        run(self, lambda: aggregator().step_result(parsed))
+
+    app.conf.aggregator_holder = holder
+    app.conf.aggregator_get = aggregator
+
+
+def _workflow_id(text: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        logger.error("dropping a message for a malformed workflow id %r", text)
+        return None
+
+
+class Sweeper:
+    """A thread that calls ``Aggregator.sweep`` every ``interval_s`` until stopped."""
+
+    def __init__(self, aggregator: Callable[[], Aggregator], interval_s: float) -> None:
+        self._aggregator = aggregator
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="conductor-sweeper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self._aggregator().sweep()
+            except Exception:  # the next sweep tries again; the error is for the operator
+                logger.exception("sweeping deadlines failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+
+def shutdown(app: Celery) -> None:
+    holder: dict[str, Aggregator] = app.conf.aggregator_holder
+    aggregator = holder.pop("aggregator", None)
+    if aggregator is not None:
+        aggregator.close()

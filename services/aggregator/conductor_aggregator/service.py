@@ -1,0 +1,290 @@
+"""The distributed aggregator: the workflow state machine driven by queue messages.
+
+Each message (a workflow start, a planning round, a step result, a passed deadline) is one
+transaction: lock the workflow's run row, load its state, apply what happened, send what the
+machine now calls for (steps to the vendor queues, planning rounds to the aggregator queue),
+write traces and numbered events, save the state, commit. Sends happen before the commit, so
+an aggregator killed in between leaves the message unacknowledged and its redelivery redoes
+the work; a step sent twice costs a second call but its second answer changes nothing.
+
+The planner is called outside any lock (a plan takes seconds): the plan task reads the state,
+asks the planner, then applies the plan in its own transaction if the round still waits for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import redis
+from celery import Celery
+from sqlalchemy import Connection, Engine
+
+from conductor.errors import ConfigurationError
+from conductor.loop_thread import LoopThread
+from conductor.machine import (
+    Action,
+    Dispatch,
+    EventKind,
+    MachineEvent,
+    WorkflowMachine,
+    event_subject,
+    utcnow,
+)
+from conductor.messaging import (
+    AGGREGATOR_QUEUE,
+    CALL_WORKER_TASK,
+    PLAN_ROUND_TASK,
+    CallReply,
+    CallRequest,
+    StepContext,
+    queue_for,
+)
+from conductor.pool import Pool
+from conductor.ports import Planner
+from conductor.runs import (
+    RunRow,
+    due_runs,
+    insert_events,
+    lock_run,
+    postpone_start,
+    save_run,
+    send_start,
+)
+from conductor.traces.store import TraceWrites, Write
+from conductor.workflow import PlanOutcome, PoolEntry, StepRecord
+
+logger = logging.getLogger(__name__)
+
+Change = Callable[[Connection, RunRow], tuple[WorkflowMachine, list[Action]] | None]
+
+
+class PlannerUnreachable(Exception):
+    """The planner could not be reached; the planning round is tried again later."""
+
+
+def events_channel(prefix: str, workflow_id: uuid.UUID | str) -> str:
+    """The Redis channel that announces a workflow's new events (the API listens on it)."""
+    return f"{prefix}events:{workflow_id}"
+
+
+class Aggregator:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        app: Celery,
+        planner: Planner,
+        loop: LoopThread,
+        pool: Pool,
+        writes: TraceWrites,
+        redis_client: redis.Redis | None = None,
+        redis_prefix: str = "conductor:",
+        planner_timeout_s: float = 300.0,
+    ) -> None:
+        if engine.dialect.name != "postgresql":
+            raise ConfigurationError(
+                "the distributed aggregator needs PostgreSQL (one row lock per workflow): set "
+                "CONDUCTOR_DATABASE_URL=postgresql+psycopg://USER@HOST:PORT/DBNAME"
+            )
+        self.engine = engine
+        self.app = app
+        self.planner = planner
+        self.loop = loop
+        self.pool = pool
+        self.writes = writes
+        self.redis = redis_client
+        self.redis_prefix = redis_prefix
+        self.planner_timeout_s = planner_timeout_s
+
+    def close(self) -> None:
+        aclose = getattr(self.planner, "aclose", None)
+        if aclose is not None:
+            self.loop.run(aclose(), timeout_s=10)
+        self.loop.stop()
+        if self.redis is not None:
+            self.redis.close()
+        self.engine.dispose()
+
+    # -- message handlers -------------------------------------------------------------------
+
+    def start(self, workflow_id: uuid.UUID) -> None:
+        def begin(conn: Connection, run: RunRow) -> tuple[WorkflowMachine, list[Action]] | None:
+            if run.state is not None:
+                return None  # a duplicate start: it is running already
+            request = run.request
+            entries, unknown = self._entries(request.pool)
+            machine = WorkflowMachine.start(
+                workflow_id=workflow_id,
+                question=request.question,
+                profile=request.profile,
+                entries=entries,
+                created_at=run.created_at,
+            )
+            if unknown:
+                machine.fail(f"workers not in the pool: {', '.join(unknown)}")
+            return machine, []
+
+        self._change(workflow_id, begin)
+
+    def plan(self, workflow_id: uuid.UUID, round_no: int, *, final_try: bool = True) -> None:
+        """Ask the planner for a round's plan; raises PlannerUnreachable to be tried again."""
+        # Read under the row lock, released at once: this message can arrive before the
+        # transaction that sent it commits, and the lock waits for that commit.
+        with self.engine.begin() as conn:
+            run = lock_run(conn, workflow_id)
+        if run is None or run.state is None:
+            return
+        waiting = WorkflowMachine(run.state)
+        if waiting.state.finished or waiting.state.planning_round != round_no:
+            return  # a duplicate, or a round already planned or given up
+        request = waiting.plan_request(round_no)
+        try:
+            outcome = self.loop.run(
+                self.planner.plan(request), timeout_s=self.planner_timeout_s + 10
+            )
+        except Exception as exc:
+            if getattr(exc, "retryable", False) and not final_try:
+                raise PlannerUnreachable(str(exc)) from exc
+            error = str(exc) or type(exc).__name__
+            self._change(workflow_id, _apply(lambda m: m.plan_failed(round_no, error)))
+            return
+        self._change(workflow_id, _apply(lambda m: m.plan_ready(round_no, outcome)))
+
+    def step_result(self, reply: CallReply) -> None:
+        context = reply.context
+        if context is None:
+            logger.warning("a step result without its step (call %s); ignored", reply.call_id)
+            return
+
+        def record(machine: WorkflowMachine) -> bool:
+            if reply.ok and reply.result is not None:
+                return machine.step_succeeded(context.step, reply.result)
+            error = f"StepCallFailed: {reply.error or 'the gateway reported a failure'}"
+            return machine.step_failed(context.step, error, reply.attempts)
+
+        self._change(uuid.UUID(context.workflow_id), _apply(record))
+
+    def sweep(self, now: datetime | None = None) -> int:
+        """Act on every run whose deadline has passed; returns how many were looked at."""
+        now = now or utcnow()
+        with self.engine.connect() as conn:
+            due = due_runs(conn, now)
+
+        def expire(conn: Connection, run: RunRow) -> tuple[WorkflowMachine, list[Action]] | None:
+            if run.state is None:  # queued, and its start message was lost: send it again
+                send_start(self.app, run.workflow_id)
+                postpone_start(conn, run.workflow_id, now)
+                return None
+            machine = WorkflowMachine(run.state)
+            return machine, machine.expire(now)
+
+        for workflow_id in due:
+            self._change(workflow_id, expire)
+        return len(due)
+
+    # -- one transaction per message --------------------------------------------------------
+
+    def _change(self, workflow_id: uuid.UUID, change: Change) -> None:
+        with self.engine.begin() as conn:
+            run = lock_run(conn, workflow_id)
+            if run is None:
+                logger.warning("no workflow %s here; a message for it is ignored", workflow_id)
+                return
+            changed = change(conn, run)
+            if changed is None:
+                return
+            machine, actions = changed
+            actions = [*actions, *machine.advance()]
+            for action in actions:
+                self._send(workflow_id, action)
+            events = machine.take_events()
+            for event in events:
+                self._trace_write(machine, event)(conn)
+            insert_events(conn, workflow_id, [_event_row(machine, e) for e in events if e.sequence])
+            save_run(conn, workflow_id, machine.state)
+        self._announce(workflow_id, [e for e in events if e.sequence])
+
+    def _send(self, workflow_id: uuid.UUID, action: Action) -> None:
+        if isinstance(action, Dispatch):
+            request = CallRequest(
+                call_id=f"{workflow_id}:{action.step}:{action.dispatch}",
+                worker=action.worker,
+                messages=action.messages,
+                reply_queue=AGGREGATOR_QUEUE,
+                context=StepContext(
+                    workflow_id=str(workflow_id), step=action.step, dispatch=action.dispatch
+                ),
+            )
+            queue = queue_for(self.pool.get(action.worker))
+            body = request.model_dump(mode="json")
+            self.app.send_task(CALL_WORKER_TASK, args=[body], queue=queue)
+        else:
+            self.app.send_task(
+                PLAN_ROUND_TASK, args=[str(workflow_id), action.round], queue=AGGREGATOR_QUEUE
+            )
+
+    def _trace_write(self, machine: WorkflowMachine, event: MachineEvent) -> Write:
+        result = machine.result
+        subject = event_subject(result, event)
+        if event.kind is EventKind.STARTED:
+            snapshot = [self.pool.get(e.name).snapshot() for e in machine.state.entries]
+            return self.writes.started(result, snapshot)
+        if isinstance(subject, PlanOutcome):
+            return self.writes.plan(result, subject)
+        if isinstance(subject, StepRecord):
+            if event.kind is EventKind.STEP_STARTED:
+                return self.writes.step_started(result, subject)
+            return self.writes.step_finished(result, subject)
+        return self.writes.finished(result)
+
+    def _announce(self, workflow_id: uuid.UUID, events: list[MachineEvent]) -> None:
+        """Tell listeners (the API) that events were stored; best effort, since the database
+        has them and a listener that missed a notice reads them from there."""
+        if self.redis is None or not events:
+            return
+        channel = events_channel(self.redis_prefix, workflow_id)
+        try:
+            for event in events:
+                notice = {"sequence": event.sequence, "kind": event.kind.value}
+                self.redis.publish(channel, json.dumps(notice))
+        except (redis.RedisError, OSError) as exc:
+            logger.warning("cannot announce events of %s (%s); they are stored", workflow_id, exc)
+
+    def _entries(self, names: list[str] | None) -> tuple[list[PoolEntry], list[str]]:
+        """The workers the Conductor sees, in pool order; and requested names not in the pool."""
+        known = {w.name for w in self.pool.workers}
+        wanted = set(names) if names is not None else known
+        entries = [
+            PoolEntry(name=w.name, description=w.description)
+            for w in self.pool.workers
+            if w.name in wanted
+        ]
+        return entries, sorted(wanted - known)
+
+
+def _apply(transition: Callable[[WorkflowMachine], bool]) -> Change:
+    """A change that applies one transition, or nothing when the run is not (or no longer)
+    waiting for it."""
+
+    def change(conn: Connection, run: RunRow) -> tuple[WorkflowMachine, list[Action]] | None:
+        if run.state is None:
+            return None
+        machine = WorkflowMachine(run.state)
+        return (machine, []) if transition(machine) else None
+
+    return change
+
+
+def _event_row(machine: WorkflowMachine, event: MachineEvent) -> dict[str, Any]:
+    subject = event_subject(machine.result, event)
+    return {
+        "sequence": event.sequence,
+        "kind": event.kind.value,
+        "at": event.at,
+        "payload": subject.model_dump(mode="json"),
+    }
