@@ -11,6 +11,7 @@ synchronous HTTP clients would not be.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -51,10 +52,9 @@ class LoopThread:
             await asyncio.gather(*pending, return_exceptions=True)
 
         if self._thread.is_alive():
-            try:
+            # A task that ignores cancellation for 10 s does not hold the stop up.
+            with contextlib.suppress(TimeoutError, RuntimeError):
                 asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(10)
-            except (TimeoutError, RuntimeError):
-                pass  # a task that ignores cancellation: stop regardless
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
         self.loop.close()

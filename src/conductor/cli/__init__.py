@@ -13,6 +13,7 @@ from conductor.cli.db import db_app
 from conductor.cli.gateway import gateway
 from conductor.cli.planner import planner
 from conductor.cli.pool import pool
+from conductor.cli.stack import stack
 from conductor.errors import ConductorError
 
 app = typer.Typer(
@@ -27,6 +28,7 @@ app.command()(pool)
 app.command()(gateway)
 app.command()(planner)
 app.command()(aggregator)
+app.command()(stack)
 app.add_typer(db_app, name="db")
 
 

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from conductor.errors import ConductorError
 from conductor.profiles import BUILTIN_PROFILES, DEFAULT_PROFILE, Profile, get_profile
 from conductor.settings import Settings, get_settings
 from conductor.traces.db import redact_url
@@ -38,6 +39,12 @@ def ask(
         help=f"Orchestration profile: {', '.join(BUILTIN_PROFILES)}.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object, nothing else."),
+    distributed: bool = typer.Option(
+        False,
+        "--distributed",
+        "-d",
+        help="Submit to the distributed stack (`conductor stack`) and wait for the answer.",
+    ),
 ) -> None:
     """Answer QUESTION with a workflow the Conductor writes, and keep its trace."""
     from conductor.orchestration import check_question
@@ -46,9 +53,16 @@ def ask(
     settings = get_settings()
     profile = get_profile(variant)
     console = Console(highlight=False, soft_wrap=False)
-    observers = [] if as_json else [ConsoleObserver(console)]
-    result = asyncio.run(_run(question, profile, settings, observers))
-    trace = redact_url(settings.database_url)
+    if distributed:
+        from conductor.stack import local_stack_env
+
+        database_url = local_stack_env()["CONDUCTOR_DATABASE_URL"]
+        result = _run_distributed(question, profile, database_url)
+    else:
+        database_url = settings.database_url
+        observers = [] if as_json else [ConsoleObserver(console)]
+        result = asyncio.run(_run(question, profile, settings, observers))
+    trace = redact_url(database_url)
     if as_json:
         from conductor_aggregator.executor import workflow_summary
 
@@ -142,6 +156,43 @@ class ConsoleObserver:
 
     async def workflow_finished(self, result: WorkflowResult) -> None:
         return None
+
+
+def _run_distributed(question: str, profile: Profile, database_url: str) -> WorkflowResult:
+    """Submit through the broker, then follow the workflow's run row until it finishes."""
+    import time
+
+    from celery import Celery
+
+    from conductor.messaging import celery_config
+    from conductor.runs import SubmitRequest, load_run, submit_workflow
+    from conductor.settings import BrokerSettings
+    from conductor.stack import local_stack_env
+    from conductor.traces.db import check_schema, make_engine
+
+    env = local_stack_env()
+    broker = BrokerSettings(
+        broker_url=env["CONDUCTOR_BROKER_URL"], redis_url=env["CONDUCTOR_REDIS_URL"]
+    )
+    check_schema(database_url)
+    app = Celery("conductor_client")
+    app.conf.update(celery_config(broker))
+    engine = make_engine(database_url)
+    try:
+        request = SubmitRequest(question=question, profile=profile)
+        workflow_id = submit_workflow(engine, app, request)
+        deadline = time.monotonic() + profile.workflow_timeout_s + 60
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                run = load_run(conn, workflow_id)
+            if run is not None and run.state is not None and run.state.finished:
+                return run.state.result
+            time.sleep(0.2)
+    finally:
+        engine.dispose()
+    raise ConductorError(
+        f"workflow {workflow_id} did not finish in time; is `conductor stack` running?"
+    )
 
 
 def _print_summary(console: Console, result: WorkflowResult, trace: str) -> None:

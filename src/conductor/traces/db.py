@@ -117,6 +117,29 @@ def upgrade(url: str | URL, revision: str = "head") -> None:
         engine.dispose()
 
 
+def ensure_database(url: str | URL) -> None:
+    """Create the Postgres database named in ``url`` if it does not exist (local set-ups)."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() != "postgresql" or not parsed.database:
+        return
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,63}", parsed.database):
+        raise ConfigurationError(
+            f"database name {parsed.database!r}: create it yourself, or use letters, digits, "
+            "_ and -"
+        )
+    wait_for_database(parsed.set(database="postgres"))
+    admin = make_engine(parsed.set(database="postgres"))
+    try:
+        with admin.execution_options(isolation_level="AUTOCOMMIT").connect() as connection:
+            exists = connection.execute(
+                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": parsed.database}
+            ).scalar()
+            if not exists:
+                connection.execute(text(f'CREATE DATABASE "{parsed.database}"'))
+    finally:
+        admin.dispose()
+
+
 def check_schema(url: str | URL) -> None:
     """Refuse to run on a database whose schema is not the latest one (services do not migrate
     on their own: one ``conductor db upgrade`` per release, not one per replica)."""
