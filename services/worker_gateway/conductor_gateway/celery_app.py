@@ -163,7 +163,9 @@ def register_gateway_tasks(
             process().handle(parsed, app)
         except (OSError, aioredis.RedisError, OperationalError) as exc:
             # Redis stayed unreachable: re-queue, and the call is made again on redelivery.
-            logger.error("call %s: cannot reply (%s); re-queued", parsed.call_id, exc)
+            logger.error(
+                "call %s: Redis or the broker is unreachable (%s); re-queued", parsed.call_id, exc
+            )
             raise self.retry(exc=exc, countdown=2) from exc
 
     app.conf.gateway_process = holder  # for shutdown by the worker command
