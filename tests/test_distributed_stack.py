@@ -11,7 +11,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +237,28 @@ def _wait_for(condition: Any, what: str, timeout_s: float = 60.0) -> None:
         time.sleep(0.1)
 
 
+def _run_through_fault(
+    stack: LocalStack,
+    engine: Engine,
+    broker_url: str,
+    *,
+    ready: Callable[[], bool],
+    fault: Callable[[], None],
+    count: int = 10,
+) -> list[uuid.UUID]:
+    """Start the stack, submit ``count`` workflows, cause ``fault`` once ``ready()`` holds
+    (mid-run), wait for every workflow, stop the stack."""
+    stack.start()
+    try:
+        ids = _submit(engine, _client(broker_url), count)
+        _wait_for(ready, "the run to be under way")
+        fault()
+        _wait_all(engine, ids, stack, timeout_s=180)
+    finally:
+        stack.stop()
+    return ids
+
+
 def _running_steps(engine: Engine) -> int:
     with engine.connect() as conn:
         count = conn.execute(text("SELECT count(*) FROM step WHERE status = 'running'")).scalar()
@@ -271,18 +293,21 @@ def test_an_aggregator_killed_mid_workflow_and_restarted_loses_nothing(
         redis_prefix=redis_prefix,
     )
     engine = make_engine(postgres_url)
-    stack.start()
-    try:
-        ids = _submit(engine, _client(amqp_url), 10)
-        _wait_for(lambda: _running_steps(engine) >= 5, "steps to be running")
-        # When the aggregator is killed mid-workflow, results pile up, and it comes back
-        aggregator = stack.get("aggregator-0")
+    aggregator = stack.get("aggregator-0")
+
+    def kill_and_restart() -> None:
         aggregator.kill()
-        time.sleep(1.5)
+        time.sleep(1.5)  # results pile up on the queue meanwhile
         aggregator.start()
-        _wait_all(engine, ids, stack, timeout_s=120)
-    finally:
-        stack.stop()
+
+    # When the aggregator is killed mid-workflow and comes back
+    ids = _run_through_fault(
+        stack,
+        engine,
+        amqp_url,
+        ready=lambda: _running_steps(engine) >= 5,
+        fault=kill_and_restart,
+    )
     # Then every workflow completed, with consistent traces
     _assert_all_ended_well(_check_traces(engine, ids))
     engine.dispose()
@@ -308,16 +333,15 @@ def test_a_gateway_killed_mid_call_loses_nothing(
         redis_prefix=redis_prefix,
     )
     engine = make_engine(postgres_url)
-    stack.start()
-    try:
-        ids = _submit(engine, _client(amqp_url), 10)
-        _wait_for(lambda: workers.in_flight >= 5, "calls to be in flight at the provider")
-        # When the gateway dies with calls in flight, and a fresh one takes its place
+
+    def kill_and_replace() -> None:
         stack.get("gateway-0").kill()
         stack.add_gateway()
-        _wait_all(engine, ids, stack, timeout_s=120)
-    finally:
-        stack.stop()
+
+    # When the gateway dies with calls in flight at the provider, and a fresh one takes over
+    ids = _run_through_fault(
+        stack, engine, amqp_url, ready=lambda: workers.in_flight >= 5, fault=kill_and_replace
+    )
     # Then every workflow completed; the calls cut off were made again
     _assert_all_ended_well(_check_traces(engine, ids))
     engine.dispose()
@@ -365,20 +389,26 @@ def test_redis_restarted_mid_run_loses_nothing(
         worker_limits={"rpm": 10_000, "max_concurrency": 100},
     )
     engine = make_engine(postgres_url)
-    stack.start()
-    try:
-        ids = _submit(engine, _client(amqp_url), 10)
-        _wait_for(lambda: _running_steps(engine) >= 5, "steps to be running")
-        # When Redis goes away mid-run (its data with it) and comes back
-        redis_process.kill()
-        redis_process.wait(timeout=10)
+    servers = [redis_process]
+
+    def restart_redis() -> None:
+        servers[-1].kill()
+        servers[-1].wait(timeout=10)
         time.sleep(2.0)
-        redis_process = _redis_server(port)
-        _wait_all(engine, ids, stack, timeout_s=180)
+        servers.append(_redis_server(port))
+
+    # When Redis goes away mid-run (its data with it) and comes back
+    try:
+        ids = _run_through_fault(
+            stack,
+            engine,
+            amqp_url,
+            ready=lambda: _running_steps(engine) >= 5,
+            fault=restart_redis,
+        )
     finally:
-        stack.stop()
-        redis_process.kill()
-        redis_process.wait(timeout=10)
+        servers[-1].kill()
+        servers[-1].wait(timeout=10)
     # Then the outage hit calls in flight (they were re-queued), and every workflow completed
     assert "re-queued" in stack.get("gateway-0").tail(100_000)
     _assert_all_ended_well(_check_traces(engine, ids))

@@ -15,14 +15,14 @@ from typing import Any
 
 from celery import Celery
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Connection, Engine, insert, select, update
+from sqlalchemy import Connection, Engine, Select, insert, select, update
 from sqlmodel import Session
 
 from conductor.machine import WorkflowState, utcnow
 from conductor.messaging import AGGREGATOR_QUEUE, START_WORKFLOW_TASK
 from conductor.orchestration import check_question
 from conductor.profiles import Profile
-from conductor.traces.models import WorkflowRow, event_table, run_table
+from conductor.traces.models import WorkflowRow, event_table, run_table, workflow_table
 from conductor.traces.store import QUEUED
 
 START_GRACE_S = 30.0  # a queued workflow not started by then has its start message sent again
@@ -100,28 +100,33 @@ def send_start(app: Celery, workflow_id: uuid.UUID) -> None:
 
 def lock_run(conn: Connection, workflow_id: uuid.UUID) -> RunRow | None:
     """The run, locked until the transaction ends (one aggregator at a time per workflow)."""
-    query = select(run_table).where(run_table.c.workflow_id == workflow_id).with_for_update()
-    return _run_row(conn, query)
+    return _run_row(conn, _run_query(workflow_id).with_for_update(of=run_table))
 
 
 def load_run(conn: Connection, workflow_id: uuid.UUID) -> RunRow | None:
     """The run as it is now, unlocked: for reads that do not change it."""
-    return _run_row(conn, select(run_table).where(run_table.c.workflow_id == workflow_id))
+    return _run_row(conn, _run_query(workflow_id))
 
 
-def _run_row(conn: Connection, query: Any) -> RunRow | None:
+def _run_query(workflow_id: uuid.UUID) -> Select[Any]:
+    return (
+        select(run_table, workflow_table.c.created_at)
+        .join(workflow_table, workflow_table.c.id == run_table.c.workflow_id)
+        .where(run_table.c.workflow_id == workflow_id)
+    )
+
+
+def _run_row(conn: Connection, query: Select[Any]) -> RunRow | None:
     row = conn.execute(query).mappings().one_or_none()
     if row is None:
         return None
     state = WorkflowState.model_validate(row["state"]) if row["state"] is not None else None
-    request = SubmitRequest.model_validate(row["request"])
-    created = state.result.created_at if state is not None else row["updated_at"]
     return RunRow(
         workflow_id=row["workflow_id"],
         status=row["status"],
-        request=request,
+        request=SubmitRequest.model_validate(row["request"]),
         state=state,
-        created_at=created,
+        created_at=row["created_at"],
     )
 
 
