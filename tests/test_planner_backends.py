@@ -543,6 +543,7 @@ async def test_the_vllm_backend_maps_a_plan_request_onto_the_engine(
             planner_dtype="bfloat16",
             planner_gpu_memory_utilization=0.5,
             planner_max_model_len=4096,
+            planner_structured=True,  # JSON under the plan's schema (default: the lists form)
         )
     )
     assert isinstance(backend, VLLMPlannerBackend)
@@ -579,6 +580,10 @@ async def test_the_vllm_backend_maps_a_plan_request_onto_the_engine(
 
     await backend.aclose()
     assert fake.shutdowns == 1
+    # Unstructured (the default), it serves a trained checkpoint's lists form
+    lists_backend = create_backend(Settings(planner_backend="vllm", planner_model=str(tmp_path)))
+    assert lists_backend.plan_format is PlanFormat.LISTS
+    await lists_backend.aclose()
 
 
 def render_json_prompt(question: str) -> list[ChatMessage]:
