@@ -116,9 +116,11 @@ def _stack(
     )
 
 
-def _client(broker_url: str) -> Celery:
+def _client(broker_url: str, redis_prefix: str = "conductor:") -> Celery:
+    """A submitting client; on the Redis broker its key prefix must be the stack's."""
     app = Celery("test-client")
-    app.conf.update(celery_config(BrokerSettings(broker_url=broker_url)))
+    settings = BrokerSettings(broker_url=broker_url, redis_prefix=redis_prefix)
+    app.conf.update(celery_config(settings))
     return app
 
 
@@ -215,7 +217,7 @@ def test_fifty_concurrent_workflows_complete_with_consistent_traces(
     try:
         # When 50 workflows are submitted at once (half of them recurse once)
         started = time.monotonic()
-        ids = _submit(engine, _client(redis_url), 50)
+        ids = _submit(engine, _client(redis_url, redis_prefix), 50)
         _wait_all(engine, ids, stack, timeout_s=180)
         elapsed = time.monotonic() - started
     finally:
