@@ -8,8 +8,11 @@ a price (the gateway's pool file is the price table).
 
 from __future__ import annotations
 
-from typing import Any, Self
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, Self, TypeVar
 
+from celery import Celery
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from conductor.chat import ChatMessage
@@ -17,6 +20,8 @@ from conductor.pool import WorkerSpec
 from conductor.ports import StepCallResult
 from conductor.settings import BrokerSettings
 from conductor.workflow import AttemptRecord
+
+T = TypeVar("T")
 
 CALL_WORKER_TASK = "conductor.gateway.call_worker"
 AGGREGATOR_QUEUE = "aggregator"
@@ -112,3 +117,31 @@ def celery_config(settings: BrokerSettings) -> dict[str, Any]:
             "interval_max": 3,
         },
     }
+
+
+def new_celery_app(name: str, settings: BrokerSettings) -> Celery:
+    app = Celery(name)
+    app.conf.update(celery_config(settings))
+    return app
+
+
+class OnFirstUse(Generic[T]):
+    """A process's heavy part (models, pools, clients), built by whichever task thread needs it
+    first, exactly once; built in the worker process, never at import."""
+
+    def __init__(self, build: Callable[[], T]) -> None:
+        self._build = build
+        self._value: T | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> T:
+        with self._lock:
+            if self._value is None:
+                self._value = self._build()
+            return self._value
+
+    def pop(self) -> T | None:
+        """The built part, now forgotten (for shutdown); None if it was never built."""
+        with self._lock:
+            value, self._value = self._value, None
+            return value

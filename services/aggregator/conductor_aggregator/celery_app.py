@@ -27,7 +27,8 @@ from conductor.messaging import (
     START_WORKFLOW_TASK,
     STEP_RESULT_TASK,
     CallReply,
-    celery_config,
+    OnFirstUse,
+    new_celery_app,
 )
 from conductor.rpc.planner_client import GrpcPlanner
 from conductor.settings import Settings, get_settings, load_pool
@@ -72,8 +73,7 @@ def create_aggregator_celery(
 ) -> Celery:
     """The aggregator's Celery app; the aggregator itself is built on first use, in the worker."""
     settings = settings or AggregatorSettings.load()
-    app = Celery("conductor_aggregator")
-    app.conf.update(celery_config(settings))
+    app = new_celery_app("conductor_aggregator", settings)
     register_aggregator_tasks(app, settings, build)
     return app
 
@@ -85,16 +85,9 @@ def register_aggregator_tasks(
 ) -> None:
     """Add the aggregator's tasks to ``app``. ``build`` replaces the production wiring (tests
     inject their planner and database)."""
-    holder: dict[str, Aggregator] = {}
-    lock = threading.Lock()
-
-    def aggregator() -> Aggregator:
-        with lock:
-            if "aggregator" not in holder:
-                holder["aggregator"] = (
-                    build(app) if build else build_aggregator(settings, get_settings(), app)
-                )
-            return holder["aggregator"]
+    aggregator = OnFirstUse(
+        lambda: build(app) if build else build_aggregator(settings, get_settings(), app)
+    )
 
     def run(task: Task[Any, Any], work: Callable[[], None]) -> None:
         try:
@@ -103,13 +96,15 @@ def register_aggregator_tasks(
             logger.warning("%s: %s; the message is re-queued", task.name, exc)
             raise task.retry(exc=exc, countdown=2, max_retries=INFRA_RETRIES) from exc
 
-    @app.task(name=START_WORKFLOW_TASK, bind=True)
+    # shared=False: Celery otherwise adds every task to each app created later in the
+    # process (a test process builds several apps; each must hold only its own tasks).
+    @app.task(name=START_WORKFLOW_TASK, shared=False, bind=True)
     def start_workflow(self: Task[Any, Any], workflow_id: str) -> None:
         parsed = _workflow_id(workflow_id)
         if parsed is not None:
             run(self, lambda: aggregator().start(parsed))
 
-    @app.task(name=PLAN_ROUND_TASK, bind=True)
+    @app.task(name=PLAN_ROUND_TASK, shared=False, bind=True)
     def plan_round(self: Task[Any, Any], workflow_id: str, round_no: int) -> None:
         parsed = _workflow_id(workflow_id)
         if parsed is None:
@@ -124,7 +119,7 @@ def register_aggregator_tasks(
             retries = settings.planner_retries
             raise self.retry(exc=exc, countdown=delay, max_retries=retries) from exc
 
-    @app.task(name=STEP_RESULT_TASK, bind=True)
+    @app.task(name=STEP_RESULT_TASK, shared=False, bind=True)
     def step_result(self: Task[Any, Any], reply: dict[str, Any]) -> None:
         try:
             parsed = CallReply.model_validate(reply)
@@ -133,7 +128,6 @@ def register_aggregator_tasks(
             return
         run(self, lambda: aggregator().step_result(parsed))
 
-    app.conf.aggregator_holder = holder
     app.conf.aggregator_get = aggregator
 
 
@@ -171,7 +165,6 @@ class Sweeper:
 
 
 def shutdown(app: Celery) -> None:
-    holder: dict[str, Aggregator] = app.conf.aggregator_holder
-    aggregator = holder.pop("aggregator", None)
+    aggregator: Aggregator | None = app.conf.aggregator_get.pop()
     if aggregator is not None:
         aggregator.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,7 +27,8 @@ from conductor.messaging import (
     STEP_RESULT_TASK,
     CallReply,
     CallRequest,
-    celery_config,
+    OnFirstUse,
+    new_celery_app,
 )
 from conductor.pool import Pool
 from conductor.ports import ChatWorker, StepCallFailed
@@ -131,8 +131,7 @@ def create_celery(
 ) -> Celery:
     """The gateway's Celery app; the gateway itself is built on the first task, in the worker."""
     settings = settings or GatewaySettings.load()
-    app = Celery("conductor_gateway")
-    app.conf.update(celery_config(settings))
+    app = new_celery_app("conductor_gateway", settings)
     register_gateway_tasks(app, settings, build)
     return app
 
@@ -142,16 +141,11 @@ def register_gateway_tasks(
 ) -> None:
     """Add the gateway's task to ``app``. ``build`` replaces the production wiring (tests run
     scripted workers behind the queue)."""
-    holder: dict[str, GatewayProcess] = {}
-    lock = threading.Lock()
+    process = OnFirstUse(build or (lambda: GatewayProcess(settings, get_settings())))
 
-    def process() -> GatewayProcess:
-        with lock:
-            if "process" not in holder:
-                holder["process"] = build() if build else GatewayProcess(settings, get_settings())
-            return holder["process"]
-
-    @app.task(name=CALL_WORKER_TASK, bind=True, max_retries=INFRA_RETRIES)
+    # shared=False: Celery otherwise adds every task to each app created later in the
+    # process (a test process builds several apps; each must hold only its own tasks).
+    @app.task(name=CALL_WORKER_TASK, shared=False, bind=True, max_retries=INFRA_RETRIES)
     def call_worker(self: Task[Any, Any], request: dict[str, Any]) -> None:
         try:
             parsed = CallRequest.model_validate(request)
@@ -168,11 +162,10 @@ def register_gateway_tasks(
             )
             raise self.retry(exc=exc, countdown=2) from exc
 
-    app.conf.gateway_process = holder  # for shutdown by the worker command
+    app.conf.gateway_process = process  # for shutdown by the worker command
 
 
 def shutdown(app: Celery) -> None:
-    holder: dict[str, GatewayProcess] = app.conf.gateway_process
-    process = holder.pop("process", None)
+    process: GatewayProcess | None = app.conf.gateway_process.pop()
     if process is not None:
         process.close()
