@@ -19,6 +19,7 @@ from conductor.protocol import (
     plan_schema,
     render_output,
     render_prompt,
+    text_limits,
     validate_plan,
 )
 from conductor.protocol.examples import EXAMPLES
@@ -355,3 +356,28 @@ def test_repetitive_output_is_parsed_in_bounded_work() -> None:
         "model_id = [" * 8000 + "\nmodel_id = [1]\nsubtasks = ['a']\naccess_list = [[]]"
     )
     assert result == ParsedLists([1], ["a"], [[]], "lists")
+
+
+@pytest.mark.parametrize(("max_tokens", "max_steps"), [(256, 1), (1024, 5), (2048, 5), (8192, 3)])
+def test_the_longest_plan_the_schema_admits_fits_in_max_tokens(
+    max_tokens: int, max_steps: int
+) -> None:
+    # Given the text limits for a token budget (a token spans at least one character)
+    reasoning, subtask = text_limits(max_tokens, max_steps)
+    schema = plan_schema(
+        worker_ids=[0, 1],
+        max_steps=max_steps,
+        max_subtask_chars=subtask,
+        max_reasoning_chars=reasoning,
+    )
+    # When a plan fills every text to its limit, with the widest access lists
+    plan = {
+        "reasoning": "r" * reasoning,
+        "steps": [
+            {"model_id": 1, "subtask": "s" * subtask, "access_list": list(range(i))}
+            for i in range(max_steps)
+        ],
+    }
+    jsonschema.validate(plan, schema)
+    # Then its JSON still fits in the budget, counted one token per character
+    assert len(json.dumps(plan, separators=(",", ":"))) <= max_tokens

@@ -42,6 +42,8 @@ BUILTIN_PROFILES: dict[str, Profile] = {
             description="Up to 5 steps, independent steps in parallel, one round of recursion.",
             max_steps=MAX_STEPS_LIMIT,
             recursion_rounds=1,
+            # Room for 5 steps: under a JSON schema each text's length is bounded to fit.
+            planner_max_tokens=2048,
         ),
     )
 }

@@ -17,6 +17,7 @@ from conductor.protocol import (
     parse_plan,
     plan_schema,
     render_prompt,
+    text_limits,
     validate_plan,
 )
 from conductor.workflow import Plan, PlanOutcome
@@ -35,16 +36,17 @@ class ConductorPlanner:
             raise ValueError(f"fallback model {request.fallback_model_id} is not a worker id")
         allow_stop = request.round > 0
         fmt = self.backend.plan_format
-        schema = (
-            plan_schema(
+        schema = None
+        if fmt is PlanFormat.JSON:
+            reasoning_chars, subtask_chars = text_limits(request.max_tokens, request.max_steps)
+            schema = plan_schema(
                 worker_ids=worker_ids,
                 max_steps=request.max_steps,
                 conductor_id=conductor_id,
                 allow_stop=allow_stop,
+                max_subtask_chars=subtask_chars,
+                max_reasoning_chars=reasoning_chars,
             )
-            if fmt is PlanFormat.JSON
-            else None
-        )
         started = time.perf_counter()
         completion = await self.backend.generate(
             render_prompt(request, fmt),

@@ -2,7 +2,7 @@
 
 from conductor.protocol.parser import ParsedLists, ParseFailure, parse_plan
 from conductor.protocol.prompt import render_output, render_pool, render_prompt
-from conductor.protocol.schema import plan_schema
+from conductor.protocol.schema import plan_schema, text_limits
 from conductor.protocol.validator import Validation, fallback_plan, validate_plan
 
 __all__ = [
@@ -15,5 +15,6 @@ __all__ = [
     "render_output",
     "render_pool",
     "render_prompt",
+    "text_limits",
     "validate_plan",
 ]

@@ -13,6 +13,24 @@ from typing import Any
 
 from conductor.workflow import ALL
 
+# What one step's JSON costs besides its subtask text, and the object around the steps, in
+# characters: {"model_id":N,"subtask":"","access_list":[...]} with a few access entries.
+STEP_OVERHEAD_CHARS = 70
+PLAN_OVERHEAD_CHARS = 40
+MAX_TEXT_CHARS = 600
+MIN_TEXT_CHARS = 40
+
+
+def text_limits(max_tokens: int, max_steps: int) -> tuple[int, int]:
+    """Longest reasoning and subtask the schema allows, so that the longest plan it admits
+    fits in ``max_tokens``: a token spans at least one character, so bounding characters bounds
+    tokens. Without this a small model that rambles up to every maxLength is cut off
+    mid-JSON, and the output, though constrained, does not parse."""
+    budget = max_tokens - PLAN_OVERHEAD_CHARS - STEP_OVERHEAD_CHARS * max_steps
+    reasoning = max(MIN_TEXT_CHARS, min(MAX_TEXT_CHARS, budget // 4))
+    subtask = max(MIN_TEXT_CHARS, min(MAX_TEXT_CHARS, (budget - reasoning) // max(1, max_steps)))
+    return reasoning, subtask
+
 
 def plan_schema(
     *,
@@ -20,8 +38,8 @@ def plan_schema(
     max_steps: int,
     conductor_id: int | None = None,
     allow_stop: bool = False,
-    max_subtask_chars: int = 600,
-    max_reasoning_chars: int = 600,
+    max_subtask_chars: int = MAX_TEXT_CHARS,
+    max_reasoning_chars: int = MAX_TEXT_CHARS,
 ) -> dict[str, Any]:
     if not worker_ids:
         raise ValueError("a plan schema needs at least one worker id")
