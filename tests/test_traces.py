@@ -202,7 +202,7 @@ def test_upgrade_is_idempotent(database_url: str) -> None:
     finally:
         engine.dispose()
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert list(versions) == [head] == ["0003"]
+    assert list(versions) == [head] == ["0004"]
     assert count == 1
 
 
@@ -220,6 +220,7 @@ async def test_deleting_a_workflow_cascades_to_steps_and_attempts(engine: Engine
         "attempt": [],
         "workflow_run": [],
         "workflow_event": [],
+        "api_key": [],
     }
 
 

@@ -11,6 +11,7 @@ from conductor.cli.aggregator import aggregator
 from conductor.cli.ask import ask
 from conductor.cli.db import db_app
 from conductor.cli.gateway import gateway
+from conductor.cli.keys import keys_app
 from conductor.cli.planner import planner
 from conductor.cli.pool import pool
 from conductor.cli.stack import stack
@@ -30,6 +31,7 @@ app.command()(planner)
 app.command()(aggregator)
 app.command()(stack)
 app.add_typer(db_app, name="db")
+app.add_typer(keys_app, name="keys")
 
 
 def main() -> None:

@@ -169,8 +169,24 @@ class WorkflowEventRow(DbModel, table=True):
     )
 
 
+class ApiKeyRow(DbModel, table=True):
+    """An API key: its public id and the SHA-256 of its secret, never the secret itself."""
+
+    __tablename__ = "api_key"
+
+    id: str = Field(primary_key=True, max_length=32)  # the key's public part, e.g. "a1b2c3d4"
+    tenant: str = Field(index=True)
+    secret_sha256: str
+    name: str = ""
+    # Worker names this key may put in a request's pool; NULL: any worker of the pool.
+    allowed_pool: list[str] | None = Field(default=None, sa_column=Column(JSON_TYPE, nullable=True))
+    created_at: datetime = Field(default_factory=_utcnow, sa_type=UTCDateTime())
+    revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
+
+
 workflow_table: Table = metadata.tables["workflow"]
 step_table: Table = metadata.tables["step"]
 attempt_table: Table = metadata.tables["attempt"]
 run_table: Table = metadata.tables["workflow_run"]
 event_table: Table = metadata.tables["workflow_event"]
+api_key_table: Table = metadata.tables["api_key"]
