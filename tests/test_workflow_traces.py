@@ -8,10 +8,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from conductor.pool import Pool, Price, Provider, WorkerSpec
 from conductor.profiles import BUILTIN_PROFILES
 from conductor.traces.db import make_engine, upgrade
+from conductor.traces.models import event_table
 from conductor.traces.store import TraceStore
 from conductor_aggregator.executor import WorkflowExecutor
 from conductor_planner import ConductorPlanner
@@ -128,3 +130,34 @@ async def test_cancelling_during_a_replan_leaves_no_step_running(store: TraceSto
         ("worker", "succeeded"),
         ("conductor", "cancelled"),
     ]
+
+
+async def test_the_embedded_runtime_keeps_the_numbered_events_clients_stream(
+    store: TraceStore, database_url: str
+) -> None:
+    plan = lists([0, 1], ["a", "b"], [[], [0]])
+
+    result = await _executor([plan], store).run("q", BUILTIN_PROFILES["conductor-ultra"])
+
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            query = select(event_table.c.sequence, event_table.c.kind, event_table.c.payload)
+            rows = conn.execute(
+                query.where(event_table.c.workflow_id == result.workflow_id).order_by(
+                    event_table.c.sequence
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    assert [r.sequence for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r.kind for r in rows] == [
+        "plan",
+        "step_started",
+        "step_finished",
+        "step_started",
+        "step_finished",
+        "completed",
+    ]
+    assert rows[-1].payload["answer"] == result.answer
+    assert rows[2].payload["status"] == "succeeded"

@@ -466,6 +466,16 @@ def event_subject(
     return result
 
 
+def event_row(result: WorkflowResult, event: MachineEvent) -> dict[str, Any]:
+    """A numbered event as the ``workflow_event`` table keeps it (what clients stream)."""
+    return {
+        "sequence": event.sequence,
+        "kind": event.kind.value,
+        "at": event.at,
+        "payload": event_subject(result, event).model_dump(mode="json"),
+    }
+
+
 def _ms(delta: Any) -> float:
     return float(delta.total_seconds() * 1000)
 

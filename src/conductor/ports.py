@@ -150,3 +150,10 @@ class WorkflowObserver(Protocol):
     async def step_finished(self, result: WorkflowResult, step: StepRecord) -> None: ...
 
     async def workflow_finished(self, result: WorkflowResult) -> None: ...
+
+
+@runtime_checkable
+class EventObserver(Protocol):
+    """An observer that also keeps the numbered events clients stream (the trace store)."""
+
+    async def events_recorded(self, result: WorkflowResult, events: list[Any]) -> None: ...

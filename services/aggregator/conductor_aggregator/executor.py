@@ -25,7 +25,13 @@ from conductor.machine import (
 )
 from conductor.orchestration import check_question
 from conductor.pool import Pool
-from conductor.ports import Planner, StepCallFailed, StepRunner, WorkflowObserver
+from conductor.ports import (
+    EventObserver,
+    Planner,
+    StepCallFailed,
+    StepRunner,
+    WorkflowObserver,
+)
 from conductor.profiles import Profile
 from conductor.workflow import PlanOutcome, PoolEntry, StepRecord, WorkflowResult
 
@@ -130,15 +136,23 @@ class WorkflowExecutor:
     async def _deliver(self, machine: WorkflowMachine) -> None:
         """Tell the observers what the machine recorded since the last delivery."""
         result = machine.result
-        for event in machine.take_events():
+        events = machine.take_events()
+        for event in events:
             notify = self._observer_call(result, event)
             for observer in self.observers:
-                try:
-                    await notify(observer)
-                except Exception:
-                    # One failing observer is logged and skipped: the workflow and the others
-                    # carry on (an unreachable trace database must not lose the answer).
-                    logger.exception("observer %s failed; continuing", type(observer).__name__)
+                await self._tell(observer, notify(observer))
+        for observer in self.observers:
+            if events and isinstance(observer, EventObserver):
+                await self._tell(observer, observer.events_recorded(result, events))
+
+    @staticmethod
+    async def _tell(observer: object, call: Awaitable[None]) -> None:
+        try:
+            await call
+        except Exception:
+            # One failing observer is logged and skipped: the workflow and the others carry
+            # on (an unreachable trace database must not lose the answer).
+            logger.exception("observer %s failed; continuing", type(observer).__name__)
 
     def _observer_call(
         self, result: WorkflowResult, event: MachineEvent

@@ -18,7 +18,6 @@ import logging
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
 
 import redis
 from celery import Celery
@@ -32,6 +31,7 @@ from conductor.machine import (
     EventKind,
     MachineEvent,
     WorkflowMachine,
+    event_row,
     event_subject,
     utcnow,
 )
@@ -205,7 +205,8 @@ class Aggregator:
             events = machine.take_events()
             for event in events:
                 self._trace_write(machine, event)(conn)
-            insert_events(conn, workflow_id, [_event_row(machine, e) for e in events if e.sequence])
+            rows = [event_row(machine.result, e) for e in events if e.sequence]
+            insert_events(conn, workflow_id, rows)
             save_run(conn, workflow_id, machine.state)
         self._announce(workflow_id, [e for e in events if e.sequence])
 
@@ -278,13 +279,3 @@ def _apply(transition: Callable[[WorkflowMachine], bool]) -> Change:
         return (machine, []) if transition(machine) else None
 
     return change
-
-
-def _event_row(machine: WorkflowMachine, event: MachineEvent) -> dict[str, Any]:
-    subject = event_subject(machine.result, event)
-    return {
-        "sequence": event.sequence,
-        "kind": event.kind.value,
-        "at": event.at,
-        "payload": subject.model_dump(mode="json"),
-    }

@@ -21,11 +21,13 @@ from sqlalchemy import Connection, Engine, Table, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
+from conductor.machine import MachineEvent, event_row
 from conductor.traces.models import (
     AttemptRow,
     StepRow,
     WorkflowRow,
     attempt_table,
+    event_table,
     step_table,
     workflow_table,
 )
@@ -211,6 +213,22 @@ class TraceWrites:
         attempts = [_attempt_row(a, secrets) for a in step.attempts]
         return lambda conn: self._finish_step(conn, workflow, row, attempts)
 
+    def events(self, result: WorkflowResult, events: list[MachineEvent]) -> Write:
+        """The numbered events (plan, steps, outcome) clients stream; a replay adds nothing."""
+        workflow = _workflow_row(result, self.tenant, [])
+        rows = [
+            {"workflow_id": workflow["id"], **event_row(result, e)} for e in events if e.sequence
+        ]
+
+        def write(conn: Connection) -> None:
+            self._ensure_workflow(conn, workflow)
+            if rows:
+                stmt = self._insert(event_table).values(rows)
+                keys = ["workflow_id", "sequence"]
+                conn.execute(stmt.on_conflict_do_nothing(index_elements=keys))
+
+        return write
+
     def finished(self, result: WorkflowResult) -> Write:
         """Also records plans and finished steps whose own events were missed."""
         workflow = _workflow_row(result, self.tenant, [])
@@ -323,6 +341,9 @@ class TraceStore:
 
     async def workflow_finished(self, result: WorkflowResult) -> None:
         await self._write(self.writes.finished(result))
+
+    async def events_recorded(self, result: WorkflowResult, events: list[MachineEvent]) -> None:
+        await self._write(self.writes.events(result, events))
 
     # -- reads ------------------------------------------------------------------------------
 
