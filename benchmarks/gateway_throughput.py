@@ -36,13 +36,14 @@ import redis.asyncio as aioredis  # noqa: E402
 
 from conductor.chat import ChatMessage  # noqa: E402
 from conductor.pool import Pool, load_pool_file  # noqa: E402
+from conductor.stack import ServiceProcess  # noqa: E402
 from conductor_gateway.celery_app import create_celery  # noqa: E402
 from conductor_gateway.client import QueuedStepRunner  # noqa: E402
 from conductor_gateway.gateway import WorkerGateway  # noqa: E402
 from conductor_gateway.registry import build_workers  # noqa: E402
 from conductor_gateway.settings import GatewaySettings  # noqa: E402
 
-from fakes.gateway_process import GatewayProcess, write_pool_file  # noqa: E402
+from fakes.gateway_process import start_gateway, write_pool_file  # noqa: E402
 
 TARGET_S = 5.0
 QUEUE = "gateway.openai-compatible"
@@ -131,7 +132,7 @@ def main() -> int:
         env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
         text=True,
     )
-    gateway: GatewayProcess | None = None
+    gateway: ServiceProcess | None = None
     try:
         assert fake.stdout is not None
         base_url = fake.stdout.readline().strip()
@@ -150,13 +151,13 @@ def main() -> int:
         baseline = asyncio.run(_in_process(pool, args.calls))
         print(baseline.line())
 
-        gateway = GatewayProcess(
+        gateway = start_gateway(
             env,
             workdir / "gateway.log",
             queues=QUEUE,
             concurrency=args.concurrency,
             loglevel=args.loglevel,
-        ).start()
+        )
         assert gateway.process is not None
         cpu_before = _cpu_s(gateway.process.pid)
         sent_at = time.time()

@@ -20,7 +20,7 @@ import yaml
 from celery import Celery
 from sqlalchemy import Engine, text
 
-from conductor.messaging import celery_config
+from conductor.messaging import new_celery_app
 from conductor.profiles import BUILTIN_PROFILES, Profile
 from conductor.runs import SubmitRequest, submit_workflow
 from conductor.settings import BrokerSettings
@@ -118,10 +118,8 @@ def _stack(
 
 def _client(broker_url: str, redis_prefix: str = "conductor:") -> Celery:
     """A submitting client; on the Redis broker its key prefix must be the stack's."""
-    app = Celery("test-client")
     settings = BrokerSettings(broker_url=broker_url, redis_prefix=redis_prefix)
-    app.conf.update(celery_config(settings))
-    return app
+    return new_celery_app("test-client", settings)
 
 
 def _submit(engine: Engine, app: Celery, count: int, profile: Profile = ULTRA) -> list[uuid.UUID]:

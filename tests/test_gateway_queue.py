@@ -16,11 +16,12 @@ import redis.asyncio as aioredis
 from conductor.chat import ChatMessage
 from conductor.pool import load_pool_file
 from conductor.ports import StepCallFailed
+from conductor.stack import ServiceProcess
 from conductor_gateway.celery_app import create_celery
 from conductor_gateway.client import QueuedStepRunner
 from conductor_gateway.settings import GatewaySettings
 
-from fakes.gateway_process import GatewayProcess, write_pool_file
+from fakes.gateway_process import start_gateway, write_pool_file
 from fakes.openai_server import FakeOpenAIServer, count_tokens
 
 pytestmark = pytest.mark.broker
@@ -74,13 +75,13 @@ def env(
 
 
 @pytest.fixture
-def gateways(env: dict[str, str], tmp_path: Path) -> Iterator[list[GatewayProcess]]:
-    started: list[GatewayProcess] = []
+def gateways(env: dict[str, str], tmp_path: Path) -> Iterator[list[ServiceProcess]]:
+    started: list[ServiceProcess] = []
 
-    def start(count: int = 1) -> list[GatewayProcess]:
+    def start(count: int = 1) -> list[ServiceProcess]:
         for _ in range(count):
             log = tmp_path / f"gateway-{len(started)}.log"
-            started.append(GatewayProcess(env, log, queues=QUEUE, concurrency=20).start())
+            started.append(start_gateway(env, log, queues=QUEUE, concurrency=20))
         return started
 
     yield start  # type: ignore[misc]

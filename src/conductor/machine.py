@@ -180,11 +180,14 @@ class WorkflowMachine:
         return ready[:1]
 
     def _dispatch(self, step: StepRecord) -> Dispatch:
-        by_index = {s.index: s for s in self.result.steps}
-        messages = build_messages(self.result.question, step, by_index)
+        messages = self._messages(step)
         self._mark_started(step)
         sends = self._count_send(step.index)
         return Dispatch(step=step.index, worker=step.worker, messages=messages, dispatch=sends)
+
+    def _messages(self, step: StepRecord) -> list[ChatMessage]:
+        by_index = {s.index: s for s in self.result.steps}
+        return build_messages(self.result.question, step, by_index)
 
     def _count_send(self, index: int) -> int:
         sends = self.state.dispatches.get(index, 0) + 1
@@ -197,8 +200,7 @@ class WorkflowMachine:
         step = self._step(index)
         if self.state.finished or step is None or step.status is not StepStatus.RUNNING:
             return None
-        by_index = {s.index: s for s in self.result.steps}
-        messages = build_messages(self.result.question, step, by_index)
+        messages = self._messages(step)
         return Dispatch(
             step=index, worker=step.worker, messages=messages, dispatch=self._count_send(index)
         )
@@ -262,9 +264,7 @@ class WorkflowMachine:
         times = [self.result.created_at + timedelta(seconds=profile.workflow_timeout_s)]
         if state.planning_round is not None and state.plan_requested_at is not None:
             times.append(state.plan_requested_at + step_timeout)
-        for step in self._running_workers():
-            sent = state.dispatched_at.get(step.index) or step.started_at or utcnow()
-            times.append(sent + step_timeout)
+        times.extend(self._sent_at(step) + step_timeout for step in self._running_workers())
         return min(times)
 
     def expire(self, now: datetime) -> list[Action]:
@@ -289,8 +289,7 @@ class WorkflowMachine:
                     "times",
                 )
         for step in self._running_workers():
-            sent = state.dispatched_at.get(step.index) or step.started_at or now
-            if now < sent + step_timeout or state.finished:
+            if now < self._sent_at(step) + step_timeout or state.finished:
                 continue
             sends = state.dispatches.get(step.index, 0)
             if sends < MAX_SENDS:
@@ -302,6 +301,10 @@ class WorkflowMachine:
                     [],
                 )
         return actions if not state.finished else []
+
+    def _sent_at(self, step: StepRecord) -> datetime:
+        """When a running step was last sent (every dispatch records it)."""
+        return self.state.dispatched_at.get(step.index) or step.started_at or utcnow()
 
     def _running_workers(self) -> list[StepRecord]:
         return [

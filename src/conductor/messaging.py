@@ -16,6 +16,7 @@ from celery import Celery
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from conductor.chat import ChatMessage
+from conductor.errors import ConfigurationError
 from conductor.pool import WorkerSpec
 from conductor.ports import StepCallResult
 from conductor.settings import BrokerSettings
@@ -77,8 +78,6 @@ class CallReply(BaseModel):
 def celery_config(settings: BrokerSettings) -> dict[str, Any]:
     """What every Conductor Celery app shares (CONVENTIONS 8): JSON only, acks_late,
     prefetch 1, no result backend (answers travel as messages)."""
-    from conductor.errors import ConfigurationError
-
     if not settings.broker_url:
         # Never fall back to eager mode silently: without a broker there is no distributed mode.
         raise ConfigurationError(

@@ -18,12 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Connection, Engine, Select, insert, select, update
 from sqlmodel import Session
 
-from conductor.machine import WorkflowState, utcnow
+from conductor.machine import WorkflowMachine, WorkflowState, utcnow
 from conductor.messaging import AGGREGATOR_QUEUE, START_WORKFLOW_TASK
 from conductor.orchestration import check_question
 from conductor.profiles import Profile
-from conductor.traces.models import WorkflowRow, event_table, run_table, workflow_table
-from conductor.traces.store import QUEUED
+from conductor.traces.models import WorkflowRow, run_table, workflow_table
+from conductor.traces.store import QUEUED, RUNNING
 
 START_GRACE_S = 30.0  # a queued workflow not started by then has its start message sent again
 
@@ -131,8 +131,6 @@ def _run_row(conn: Connection, query: Select[Any]) -> RunRow | None:
 
 
 def save_run(conn: Connection, workflow_id: uuid.UUID, state: WorkflowState) -> None:
-    from conductor.machine import WorkflowMachine
-
     conn.execute(
         update(run_table)
         .where(run_table.c.workflow_id == workflow_id)
@@ -157,26 +155,9 @@ def due_runs(conn: Connection, now: datetime, limit: int = 100) -> list[uuid.UUI
     """Unfinished runs whose next deadline has passed, earliest first."""
     query = (
         select(run_table.c.workflow_id)
-        .where(run_table.c.status.in_([QUEUED, "running"]))
+        .where(run_table.c.status.in_([QUEUED, RUNNING]))
         .where(run_table.c.next_deadline_at <= now)
         .order_by(run_table.c.next_deadline_at)
         .limit(limit)
     )
     return list(conn.execute(query).scalars())
-
-
-def insert_events(conn: Connection, workflow_id: uuid.UUID, rows: list[dict[str, Any]]) -> None:
-    if rows:
-        conn.execute(insert(event_table), [{"workflow_id": workflow_id, **row} for row in rows])
-
-
-def list_events(
-    conn: Connection, workflow_id: uuid.UUID, after_sequence: int = 0
-) -> list[dict[str, Any]]:
-    query = (
-        select(event_table)
-        .where(event_table.c.workflow_id == workflow_id)
-        .where(event_table.c.sequence > after_sequence)
-        .order_by(event_table.c.sequence)
-    )
-    return [dict(row) for row in conn.execute(query).mappings()]

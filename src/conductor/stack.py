@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Self
 
 from conductor.errors import ConductorError
 
@@ -64,7 +64,7 @@ class ServiceProcess:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def start(self, ready_timeout_s: float = 120.0) -> None:
+    def start(self, ready_timeout_s: float = 120.0) -> Self:
         self._log = self.log_path.open("ab")
         offset = self.log_path.stat().st_size
         self.process = subprocess.Popen(
@@ -80,6 +80,7 @@ class ServiceProcess:
                 self.stop()
                 raise StackError(f"{self.name} did not start; the end of its log:\n{self.tail()}")
             time.sleep(0.1)
+        return self
 
     def _log_bytes(self, offset: int) -> bytes:
         with self.log_path.open("rb") as log:
@@ -133,18 +134,15 @@ class LocalStack:
                 self._process("aggregator", f"aggregator-{i}", ["--loglevel", "WARNING"])
                 for i in range(self.aggregators)
             ),
-            *(
-                self._process(
-                    "gateway",
-                    f"gateway-{i}",
-                    ["--concurrency", str(self.gateway_concurrency), "--loglevel", "WARNING"],
-                )
-                for i in range(self.gateways)
-            ),
+            *(self._gateway(i) for i in range(self.gateways)),
         ]
 
     def _process(self, role: str, name: str, args: list[str]) -> ServiceProcess:
         return ServiceProcess(role, args, self.log_dir / f"{name}.log", self.env)
+
+    def _gateway(self, index: int) -> ServiceProcess:
+        args = ["--concurrency", str(self.gateway_concurrency), "--loglevel", "WARNING"]
+        return self._process("gateway", f"gateway-{index}", args)
 
     def get(self, name: str) -> ServiceProcess:
         for process in self.processes:
@@ -166,9 +164,6 @@ class LocalStack:
 
     def add_gateway(self) -> ServiceProcess:
         """Start one more gateway (scaling out, or replacing a dead one)."""
-        index = sum(p.role == "gateway" for p in self.processes)
-        args = ["--concurrency", str(self.gateway_concurrency), "--loglevel", "WARNING"]
-        process = self._process("gateway", f"gateway-{index}", args)
+        process = self._gateway(sum(p.role == "gateway" for p in self.processes))
         self.processes.append(process)
-        process.start()
-        return process
+        return process.start()

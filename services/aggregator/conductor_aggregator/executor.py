@@ -79,19 +79,19 @@ class WorkflowExecutor:
             profile=profile,
             entries=self.entries,
         )
-        tasks: dict[asyncio.Task[Callable[[], object]], Action] = {}
+        tasks: set[asyncio.Task[Callable[[], object]]] = set()
         try:
             await self._deliver(machine)
             async with asyncio.timeout(profile.workflow_timeout_s):
                 while True:
                     for action in machine.advance():
-                        tasks[asyncio.create_task(self._perform(machine, action))] = action
+                        tasks.add(asyncio.create_task(self._perform(machine, action)))
                     await self._deliver(machine)
                     if not tasks:
                         break
                     done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                     for task in done:
-                        del tasks[task]
+                        tasks.discard(task)
                         task.result()()  # apply the outcome to the machine
                     await self._deliver(machine)
         except TimeoutError:

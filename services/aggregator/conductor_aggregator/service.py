@@ -31,7 +31,6 @@ from conductor.machine import (
     EventKind,
     MachineEvent,
     WorkflowMachine,
-    event_row,
     event_subject,
     utcnow,
 )
@@ -49,7 +48,6 @@ from conductor.ports import Planner
 from conductor.runs import (
     RunRow,
     due_runs,
-    insert_events,
     lock_run,
     postpone_start,
     save_run,
@@ -205,8 +203,7 @@ class Aggregator:
             events = machine.take_events()
             for event in events:
                 self._trace_write(machine, event)(conn)
-            rows = [event_row(machine.result, e) for e in events if e.sequence]
-            insert_events(conn, workflow_id, rows)
+            self.writes.events(machine.result, events)(conn)
             save_run(conn, workflow_id, machine.state)
         self._announce(workflow_id, [e for e in events if e.sequence])
 

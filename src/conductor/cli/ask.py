@@ -162,9 +162,7 @@ def _run_distributed(question: str, profile: Profile, database_url: str) -> Work
     """Submit through the broker, then follow the workflow's run row until it finishes."""
     import time
 
-    from celery import Celery
-
-    from conductor.messaging import celery_config
+    from conductor.messaging import new_celery_app
     from conductor.runs import SubmitRequest, load_run, submit_workflow
     from conductor.settings import BrokerSettings
     from conductor.stack import local_stack_env
@@ -175,8 +173,7 @@ def _run_distributed(question: str, profile: Profile, database_url: str) -> Work
         broker_url=env["CONDUCTOR_BROKER_URL"], redis_url=env["CONDUCTOR_REDIS_URL"]
     )
     check_schema(database_url)
-    app = Celery("conductor_client")
-    app.conf.update(celery_config(broker))
+    app = new_celery_app("conductor_client", broker)
     engine = make_engine(database_url)
     try:
         request = SubmitRequest(question=question, profile=profile)

@@ -189,9 +189,7 @@ class TraceWrites:
                 update(workflow_table)
                 .where(workflow_table.c.id == workflow["id"])
                 .where(workflow_table.c.status == QUEUED)
-                .values(
-                    status=WorkflowStatus.RUNNING.value, pool_snapshot=workflow["pool_snapshot"]
-                )
+                .values(status=RUNNING, pool_snapshot=workflow["pool_snapshot"])
             )
 
         return write
