@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pathlib import Path
 
-from conductor.errors import InvalidRequest
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from conductor.errors import ConfigurationError, InvalidRequest
 
 MAX_STEPS_LIMIT = 5  # the protocol's bound on steps per plan
 
@@ -49,6 +52,30 @@ BUILTIN_PROFILES: dict[str, Profile] = {
 }
 
 DEFAULT_PROFILE = "conductor-ultra"
+
+
+def load_profiles_file(path: Path) -> dict[str, Profile]:
+    """Operator-defined variants: ``profiles: {NAME: {max_steps: ..., ...}}`` in YAML. A name
+    may replace a built-in one."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigurationError(f"profiles file {path}: {exc}") from None
+    entries = raw.get("profiles") if isinstance(raw, dict) else None
+    if not isinstance(entries, dict) or not entries:
+        raise ConfigurationError(f"profiles file {path}: expected a non-empty 'profiles' mapping")
+    profiles = {}
+    for name, fields in entries.items():
+        if not isinstance(fields, dict):
+            raise ConfigurationError(f"profiles file {path}: {name}: expected a mapping")
+        try:
+            profiles[str(name)] = Profile(name=str(name), **fields)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            raise ConfigurationError(f"profiles file {path}: {name}: {problems}") from None
+    return profiles
 
 
 def get_profile(name: str, extra: dict[str, Profile] | None = None) -> Profile:

@@ -67,9 +67,10 @@ def submit_workflow(
     return workflow_id
 
 
-def record_submission(
+def record_workflow(
     conn: Connection, request: SubmitRequest, workflow_id: uuid.UUID, now: datetime
 ) -> None:
+    """The workflow's trace row, "queued", with its tenant and labels (both modes)."""
     with Session(bind=conn) as session:
         session.add(
             WorkflowRow(
@@ -78,10 +79,18 @@ def record_submission(
                 variant=request.profile.name,
                 question=request.question,
                 status=QUEUED,
+                labels=request.metadata,
                 created_at=now,
             )
         )
         session.flush()
+
+
+def record_submission(
+    conn: Connection, request: SubmitRequest, workflow_id: uuid.UUID, now: datetime
+) -> None:
+    """The trace row and the run row an aggregator locks (distributed mode)."""
+    record_workflow(conn, request, workflow_id, now)
     conn.execute(
         insert(run_table).values(
             workflow_id=workflow_id,

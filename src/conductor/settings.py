@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from conductor.errors import ConfigurationError
 from conductor.pool import BUILTIN_SMOLLM2, Pool, default_pool, load_pool_file
+from conductor.profiles import BUILTIN_PROFILES, Profile, load_profiles_file
 
 
 def default_data_dir() -> Path:
@@ -31,6 +32,10 @@ class Settings(BaseSettings):
     database_url: str = Field(default_factory=_default_database_url)
     # Worker pool file (YAML). Unset: the local worker plus each cloud worker whose key is set.
     pool_file: Path | None = None
+    # Operator-defined variants (YAML ``profiles: {NAME: {max_steps, ...}}``), besides the
+    # built-in conductor-mini and conductor-ultra; and the variant used when a request names none.
+    profiles_file: Path | None = None
+    default_variant: str = "conductor-ultra"
     # GGUF model of the local worker and of the llamacpp planner: a path or builtin:smollm2.
     local_model: str = BUILTIN_SMOLLM2
 
@@ -99,6 +104,19 @@ def load_settings(cls: type[SettingsT]) -> SettingsT:
             for err in exc.errors()
         )
         raise ConfigurationError(f"invalid setting: {problems}") from None
+
+
+def load_variants(settings: Settings) -> dict[str, Profile]:
+    """Built-in variants, then the operator's (which may replace a built-in one)."""
+    profiles = dict(BUILTIN_PROFILES)
+    if settings.profiles_file is not None:
+        profiles.update(load_profiles_file(settings.profiles_file))
+    if settings.default_variant not in profiles:
+        raise ConfigurationError(
+            f"invalid setting: CONDUCTOR_DEFAULT_VARIANT {settings.default_variant!r} is not a "
+            f"variant (known: {', '.join(sorted(profiles))})"
+        )
+    return profiles
 
 
 def load_pool(settings: Settings) -> Pool:

@@ -34,8 +34,8 @@ class EmbeddedRuntime:
     pool: Pool
     unavailable: list[tuple[WorkerSpec, str]]
     _backend: PlannerBackend
-    _gateway: WorkerGateway
-    _db: Engine
+    gateway: WorkerGateway
+    engine: Engine
     _closed: bool = field(default=False)
 
     async def aclose(self) -> None:
@@ -43,8 +43,8 @@ class EmbeddedRuntime:
             return
         self._closed = True
         await self._backend.aclose()
-        await self._gateway.aclose()
-        self._db.dispose()
+        await self.gateway.aclose()
+        self.engine.dispose()
 
 
 async def open_embedded_runtime(
@@ -84,6 +84,6 @@ async def open_embedded_runtime(
         pool=pool,
         unavailable=pool.unavailable(),
         _backend=backend,
-        _gateway=gateway,
-        _db=db,
+        gateway=gateway,
+        engine=db,
     )

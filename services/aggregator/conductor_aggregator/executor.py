@@ -11,9 +11,10 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Any
 
-from conductor.errors import ConfigurationError
+from conductor.errors import ConfigurationError, InvalidRequest
 from conductor.machine import (
     Action,
     Dispatch,
@@ -68,16 +69,25 @@ class WorkflowExecutor:
         ]
 
     async def run(
-        self, question: str, profile: Profile, *, workflow_id: uuid.UUID | None = None
+        self,
+        question: str,
+        profile: Profile,
+        *,
+        workflow_id: uuid.UUID | None = None,
+        pool: Sequence[str] | None = None,
+        created_at: datetime | None = None,
     ) -> WorkflowResult:
+        """Run one workflow; ``pool`` limits the workers the Conductor sees (None: all)."""
         check_question(question)
-        if not self.entries:
+        entries = self.entries_for(pool)
+        if not entries:
             raise ConfigurationError("no worker in the pool can be called")
         machine = WorkflowMachine.start(
             workflow_id=workflow_id or uuid.uuid4(),
             question=question,
             profile=profile,
-            entries=self.entries,
+            entries=entries,
+            created_at=created_at,
         )
         tasks: set[asyncio.Task[Callable[[], object]]] = set()
         try:
@@ -109,6 +119,15 @@ class WorkflowExecutor:
             await asyncio.gather(*tasks, return_exceptions=True)
             await self._deliver(machine)
         return machine.result
+
+    def entries_for(self, names: Sequence[str] | None) -> list[PoolEntry]:
+        """The callable workers among ``names``, in pool order; unknown names are refused."""
+        if names is None:
+            return list(self.entries)
+        unknown = sorted(set(names) - {e.name for e in self.entries})
+        if unknown:
+            raise InvalidRequest(f"workers not in the pool: {', '.join(unknown)}")
+        return [e for e in self.entries if e.name in set(names)]
 
     async def _perform(self, machine: WorkflowMachine, action: Action) -> Callable[[], object]:
         """Run one action; returns how to apply its outcome (applied on the driver's turn)."""

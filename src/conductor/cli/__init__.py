@@ -14,6 +14,7 @@ from conductor.cli.gateway import gateway
 from conductor.cli.keys import keys_app
 from conductor.cli.planner import planner
 from conductor.cli.pool import pool
+from conductor.cli.serve import api, serve
 from conductor.cli.stack import stack
 from conductor.errors import ConductorError
 
@@ -30,6 +31,8 @@ app.command()(gateway)
 app.command()(planner)
 app.command()(aggregator)
 app.command()(stack)
+app.command()(serve)
+app.command()(api)
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
 

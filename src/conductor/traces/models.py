@@ -14,7 +14,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index, MetaData, Table, Text, UniqueConstraint
+from sqlalchemy import JSON, Column, Index, MetaData, Table, Text, UniqueConstraint, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import registry
 from sqlalchemy.types import TypeEngine
@@ -74,6 +74,11 @@ class WorkflowRow(DbModel, table=True):
     latency_ms: float = 0.0
     feedback: float | None = None
     error: str | None = Field(default=None, sa_type=Text)
+    # Free-form metadata the client submitted (e.g. its request id); never shown to a model.
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        sa_column=Column(JSON_TYPE, nullable=False, default=dict, server_default=text("'{}'")),
+    )
     created_at: datetime = Field(default_factory=_utcnow, sa_type=UTCDateTime(), index=True)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
 

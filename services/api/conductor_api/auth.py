@@ -1,0 +1,51 @@
+"""Who is calling: ``Authorization: Bearer cnd_...`` checked against the stored keys.
+
+An embedded server (``conductor serve``) may run open while no key exists: every request is
+then the "default" tenant, whatever key the client sends (SDKs insist on sending one). From
+the moment a key is created, every request needs a live key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from conductor.keys import any_key_exists, authenticate
+from conductor_api.errors import ApiError
+from conductor_api.service import Caller, WorkflowService
+
+OPEN_TENANT = "default"
+MISSING_KEY = (
+    "missing API key: send 'Authorization: Bearer <key>' "
+    "(an operator makes keys with `conductor keys create --tenant NAME`)"
+)
+
+
+async def current_caller(request: Request) -> Caller:
+    return await identify(
+        request.app.state.service,
+        request.headers.get("authorization", ""),
+        open_access=request.app.state.open_access,
+    )
+
+
+async def identify(service: WorkflowService, authorization: str, *, open_access: bool) -> Caller:
+    """The caller an ``Authorization`` header names; ApiError 401 when it names none."""
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    key = None
+    if scheme.lower() == "bearer" and token:
+        key = await asyncio.to_thread(authenticate, service.engine, token)
+    if key is not None:
+        allowed = tuple(key.allowed_pool) if key.allowed_pool is not None else None
+        return Caller(tenant=key.tenant, allowed_pool=allowed, key_id=key.id)
+    if open_access and not await asyncio.to_thread(any_key_exists, service.engine):
+        return Caller(tenant=OPEN_TENANT)
+    if not token:
+        raise ApiError(401, MISSING_KEY, code="invalid_api_key")
+    raise ApiError(401, "invalid API key (unknown, revoked or mistyped)", code="invalid_api_key")
+
+
+CallerDep = Annotated[Caller, Depends(current_caller)]

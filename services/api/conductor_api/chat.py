@@ -1,0 +1,374 @@
+"""``/v1/chat/completions`` and ``/v1/models``: the OpenAI-compatible surface.
+
+The model is a variant (a workflow the Conductor writes) or one worker's name (a plain
+pass-through call). A workflow's answer is its final step's answer; ``usage`` counts every
+token the workflow spent (Conductor calls and all steps), and the extra ``conductor`` field
+carries the workflow id and its steps. Streams send the answer when the workflow finishes
+(progress comes as SSE comments meanwhile), then the usage chunk if asked, then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from conductor.chat import ChatMessage, Usage
+from conductor.orchestration import check_question
+from conductor.ports import StepCallFailed, StepCallResult
+from conductor_api.auth import CallerDep
+from conductor_api.errors import ApiError, error_body
+from conductor_api.metrics import ApiMetrics
+from conductor_api.reads import load_workflow
+from conductor_api.schemas import (
+    ChatCompletionRequest,
+    ChatMessageIn,
+    ModelCard,
+    ModelList,
+    UsageView,
+    WorkflowView,
+)
+from conductor_api.service import Caller, WorkflowService
+from conductor_api.sse import KEEPALIVE, data_line, with_keepalive
+
+router = APIRouter(tags=["OpenAI-compatible"])
+WAIT_MARGIN_S = 30.0  # beyond the variant's own deadline, for the outcome to be stored
+
+
+def render_question(messages: list[ChatMessageIn]) -> str:
+    """The question the Conductor gets: the last user message, with the instructions and the
+    conversation before it when there are any."""
+    last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
+    if last_user is None:
+        raise ApiError(400, "messages: include at least one user message", param="messages")
+    request = messages[last_user].text
+    instructions = [m.text for m in messages if m.role in ("system", "developer")]
+    turns = [m for m in messages[:last_user] if m.role in ("user", "assistant")]
+    if not instructions and not turns:
+        return request
+    parts = []
+    if instructions:
+        parts.append("Instructions:\n" + "\n\n".join(instructions))
+    if turns:
+        parts.append(
+            "Conversation so far:\n" + "\n".join(f"{m.role.title()}: {m.text}" for m in turns)
+        )
+    parts.append("Request:\n" + request)
+    return "\n\n".join(parts)
+
+
+def openai_usage(usage: UsageView | Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+    }
+
+
+def conductor_field(view: WorkflowView) -> dict[str, Any]:
+    return {
+        "workflow_id": str(view.id),
+        "variant": view.variant,
+        "status": view.status,
+        "plan_valid": view.plan_valid,
+        "steps": [
+            {
+                "index": s.index,
+                "round": s.round,
+                "kind": s.kind.value,
+                "worker": s.worker,
+                "subtask": s.subtask,
+                "access_list": s.access_list,
+                "status": s.status.value,
+                "output": s.output,
+                "error": s.error,
+                "usage": openai_usage(
+                    UsageView(**s.usage.model_dump(), total_tokens=s.usage.total_tokens)
+                ),
+                "cost_usd": s.cost_usd,
+                "latency_ms": s.latency_ms,
+            }
+            for s in view.steps
+        ],
+        "cost_usd": view.cost_usd,
+        "latency_ms": view.latency_ms,
+        "error": view.error,
+    }
+
+
+def _completion(
+    completion_id: str, model: str, created: int, text: str, usage: dict[str, Any], extra: Any
+) -> dict[str, Any]:
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "finish_reason": "stop",
+                "logprobs": None,
+            }
+        ],
+        "usage": usage,
+        "conductor": extra,
+    }
+
+
+class _Chunks:
+    """Builds the ``chat.completion.chunk`` lines of one stream."""
+
+    def __init__(self, completion_id: str, model: str, created: int) -> None:
+        self.head = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+        }
+
+    def delta(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return data_line({**self.head, "choices": [choice], **extra})
+
+    def usage(self, usage: dict[str, Any]) -> str:
+        return data_line({**self.head, "choices": [], "usage": usage})
+
+
+DONE = "data: [DONE]\n\n"
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, caller: CallerDep
+) -> dict[str, Any] | StreamingResponse:
+    """Answer the messages with a workflow (model = a variant) or one worker (model = its
+    name). Extra request field ``conductor: {pool, max_steps}``; extra response field
+    ``conductor`` with the workflow id and its steps."""
+    service: WorkflowService = request.app.state.service
+    metrics: ApiMetrics = request.app.state.metrics
+    created = int(time.time())
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.model in service.worker_names:
+        return await _passthrough(service, metrics, caller, body, created, include_usage)
+    if body.model not in service.profiles:
+        raise _unknown_model(body.model)
+    question = render_question(body.messages)
+    check_question(question)
+    options = body.conductor
+    submission = service.submission(
+        caller,
+        question,
+        variant=body.model,
+        pool=options.pool if options else None,
+        max_steps=options.max_steps if options else None,
+        metadata=body.metadata,
+    )
+    workflow_id = await service.submit(submission)
+    metrics.workflows.labels(submission.profile.name).inc()
+    timeout_s = submission.profile.workflow_timeout_s + WAIT_MARGIN_S
+    completion_id = f"chatcmpl-{workflow_id.hex}"
+    if body.stream:
+        chunks = _Chunks(completion_id, body.model, created)
+        stream = _workflow_stream(
+            service, caller.tenant, workflow_id, chunks, include_usage, timeout_s
+        )
+        return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
+    view = await _outcome(service, workflow_id, caller.tenant, timeout_s)
+    if view.status != "completed":
+        raise _workflow_failed(view)
+    usage = openai_usage(view.usage)
+    return _completion(
+        completion_id, body.model, created, view.answer or "", usage, conductor_field(view)
+    )
+
+
+def _unknown_model(model: str) -> ApiError:
+    return ApiError(
+        404,
+        f"The model {model!r} does not exist or you do not have access to it "
+        "(GET /v1/models lists yours).",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def _workflow_failed(view: WorkflowView) -> ApiError:
+    return ApiError(
+        502, f"workflow {view.id} failed: {view.error or 'no answer'}", code="workflow_failed"
+    )
+
+
+async def _outcome(
+    service: WorkflowService, workflow_id: uuid.UUID, tenant: str, timeout_s: float
+) -> WorkflowView:
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for _ in service.follow(workflow_id, tenant):
+                pass
+    except TimeoutError:
+        raise ApiError(
+            504, f"workflow {workflow_id} did not finish within {timeout_s:g} s", code="timeout"
+        ) from None
+    view = await asyncio.to_thread(load_workflow, service.engine, workflow_id, tenant)
+    if view is None:  # deleted meanwhile
+        raise ApiError(404, f"workflow {workflow_id} not found", code="not_found")
+    return view
+
+
+async def _workflow_stream(
+    service: WorkflowService,
+    tenant: str,
+    workflow_id: uuid.UUID,
+    chunks: _Chunks,
+    include_usage: bool,
+    timeout_s: float,
+) -> AsyncIterator[str]:
+    start = {"workflow_id": str(workflow_id), "status": "running"}
+    yield chunks.delta({"role": "assistant", "content": ""}, conductor=start)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for event in with_keepalive(service.follow(workflow_id, tenant)):
+                if event is None:
+                    yield KEEPALIVE
+                else:  # progress, as a comment: OpenAI clients skip it, curl shows it
+                    yield f": {event.kind} {event.sequence}\n\n"
+    except TimeoutError:
+        message = f"workflow {workflow_id} did not finish within {timeout_s:g} s"
+        yield data_line(error_body(504, message, code="timeout"))
+        yield DONE
+        return
+    view = await asyncio.to_thread(load_workflow, service.engine, workflow_id, tenant)
+    if view is None or view.status != "completed":
+        error = _workflow_failed(view) if view else ApiError(404, "workflow not found")
+        yield data_line(error_body(error.status, error.message, code=error.code))
+        yield DONE
+        return
+    yield chunks.delta({"content": view.answer or ""})
+    yield chunks.delta({}, finish="stop", conductor=conductor_field(view))
+    if include_usage:
+        yield chunks.usage(openai_usage(view.usage))
+    yield DONE
+
+
+def _messages(body: ChatCompletionRequest) -> list[ChatMessage]:
+    return [
+        ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text)
+        for m in body.messages
+    ]
+
+
+async def _passthrough(
+    service: WorkflowService,
+    metrics: ApiMetrics,
+    caller: Caller,
+    body: ChatCompletionRequest,
+    created: int,
+    include_usage: bool,
+) -> dict[str, Any] | StreamingResponse:
+    if body.model not in service.allowed_workers(caller):
+        raise _unknown_model(body.model)
+    if body.conductor is not None:
+        raise ApiError(
+            400,
+            f"conductor options apply to variants; {body.model!r} is a single worker",
+            param="conductor",
+        )
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    messages = _messages(body)
+
+    def call() -> Awaitable[StepCallResult]:  # started inside the stream, if streaming
+        return service.passthrough(body.model, messages)
+
+    if body.stream:
+        chunks = _Chunks(completion_id, body.model, created)
+        stream = _passthrough_stream(call, metrics, body.model, chunks, include_usage)
+        return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
+    result = await _call(call, metrics, body.model)
+    usage = openai_usage(result.usage)
+    return _completion(
+        completion_id, body.model, created, result.text, usage, _passthrough_field(result)
+    )
+
+
+def _passthrough_field(result: StepCallResult) -> dict[str, Any]:
+    return {"worker": result.worker, "cost_usd": result.cost_usd, "attempts": len(result.attempts)}
+
+
+Call = Callable[[], Awaitable[StepCallResult]]
+
+
+async def _call(call: Call, metrics: ApiMetrics, worker: str) -> StepCallResult:
+    try:
+        result = await call()
+    except StepCallFailed as exc:
+        metrics.passthrough.labels(worker, "failed").inc()
+        raise ApiError(502, f"{worker}: {exc}", code="worker_failed") from None
+    metrics.passthrough.labels(worker, "ok").inc()
+    return result
+
+
+async def _passthrough_stream(
+    call: Call, metrics: ApiMetrics, worker: str, chunks: _Chunks, include_usage: bool
+) -> AsyncIterator[str]:
+    yield chunks.delta({"role": "assistant", "content": ""})
+    try:
+        result = await _call(call, metrics, worker)
+    except ApiError as error:
+        yield data_line(error_body(error.status, error.message, code=error.code))
+        yield DONE
+        return
+    yield chunks.delta({"content": result.text})
+    yield chunks.delta({}, finish="stop", conductor=_passthrough_field(result))
+    if include_usage:
+        yield chunks.usage(openai_usage(result.usage))
+    yield DONE
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def list_models(request: Request, caller: CallerDep) -> ModelList:
+    """The variants, then the workers this key may call directly."""
+    return ModelList(data=_cards(request.app.state.service, caller))
+
+
+@router.get("/v1/models/{model}", response_model=ModelCard)
+async def get_model(model: str, request: Request, caller: CallerDep) -> ModelCard:
+    for card in _cards(request.app.state.service, caller):
+        if card.id == model:
+            return card
+    raise _unknown_model(model)
+
+
+def _cards(service: WorkflowService, caller: Caller) -> list[ModelCard]:
+    created = 0
+    cards = [
+        ModelCard(
+            id=name,
+            created=created,
+            owned_by="conductor",
+            kind="variant",
+            description=p.description,
+        )
+        for name, p in service.profiles.items()
+    ]
+    for name in service.allowed_workers(caller):
+        spec = service.pool.get(name)
+        cards.append(
+            ModelCard(
+                id=name,
+                created=created,
+                owned_by=spec.provider,
+                kind="worker",
+                description=spec.description,
+            )
+        )
+    return cards

@@ -1,0 +1,162 @@
+"""The API over the distributed runtime: submit through the broker, follow through Redis.
+
+Submitting writes the queued workflow to Postgres and sends the start message (the sweeper
+resends it if the message is lost). Aggregators announce each batch of stored events on a
+Redis channel per workflow; this process listens on all of them with one pattern
+subscription and wakes the readers of that workflow. Pass-through calls go to the vendor
+queues like any step, with replies on this process's own Redis list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grpc
+import redis.asyncio as aioredis
+from celery import Celery
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
+from sqlalchemy import Engine, text
+
+from conductor.chat import ChatMessage
+from conductor.pool import Pool
+from conductor.ports import StepCallResult
+from conductor.profiles import Profile
+from conductor.runs import SubmitRequest, submit_workflow
+from conductor_api.service import WorkflowService
+from conductor_gateway.client import QueuedStepRunner
+
+logger = logging.getLogger(__name__)
+CHECK_TIMEOUT_S = 2.0
+
+
+class DistributedWorkflows(WorkflowService):
+    mode = "distributed"
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        app: Celery,
+        redis: aioredis.Redis,
+        redis_prefix: str,
+        pool: Pool,
+        profiles: Mapping[str, Profile],
+        default_variant: str,
+        planner_addr: str,
+    ) -> None:
+        super().__init__(engine, pool, profiles, default_variant)
+        self.app = app
+        self.redis = redis
+        self.redis_prefix = redis_prefix
+        self.planner_addr = planner_addr
+        self.runner = QueuedStepRunner(app, pool, redis, prefix=redis_prefix)
+        self._listener: asyncio.Task[None] | None = None
+        self._planner_channel: grpc.aio.Channel | None = None
+
+    @property
+    def worker_names(self) -> list[str]:
+        # The aggregator offers every worker of the pool file; a gateway without a worker's
+        # key fails its steps with the reason.
+        return [w.name for w in self.pool.workers]
+
+    async def start(self) -> None:
+        self._planner_channel = grpc.aio.insecure_channel(self.planner_addr)
+        self._listener = asyncio.create_task(self._listen(), name="event-announcements")
+
+    async def submit(self, request: SubmitRequest) -> uuid.UUID:
+        return await asyncio.to_thread(submit_workflow, self.engine, self.app, request)
+
+    async def passthrough(self, worker: str, messages: Sequence[ChatMessage]) -> StepCallResult:
+        return await self.runner.call(worker, messages)
+
+    async def _listen(self) -> None:
+        pattern = f"{self.redis_prefix}events:*"
+        prefix_len = len(pattern) - 1
+        while True:
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.psubscribe(pattern)
+                async for message in pubsub.listen():
+                    if message.get("type") != "pmessage":
+                        continue
+                    self._announce(message["channel"][prefix_len:], message["data"])
+            except (aioredis.RedisError, OSError) as exc:
+                # Readers keep polling the table meanwhile; only the wake-ups pause.
+                logger.warning("event announcements interrupted (%s); resubscribing", exc)
+                await asyncio.sleep(1.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    def _announce(self, channel: bytes | str, data: bytes | str) -> None:
+        try:
+            workflow_id = uuid.UUID(channel.decode() if isinstance(channel, bytes) else channel)
+            notice: dict[str, Any] = json.loads(data)
+            final = notice.get("kind") in ("completed", "failed")
+            self.signals.announce(workflow_id, int(notice["sequence"]), final=final)
+        except (ValueError, KeyError, TypeError):
+            logger.warning("ignoring a malformed event announcement on %r", channel)
+
+    async def readiness(self) -> dict[str, str]:
+        checks = await asyncio.gather(
+            self._check(self._database),
+            self._check(self._broker),
+            self._check(self._redis),
+            self._check(self._planner),
+        )
+        return dict(zip(("database", "broker", "redis", "planner"), checks, strict=True))
+
+    @staticmethod
+    async def _check(probe: Any) -> str:
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                result: str = await probe()
+                return result
+        except TimeoutError:
+            return f"no answer within {CHECK_TIMEOUT_S:g} s"
+        except Exception as exc:
+            return f"unreachable: {type(exc).__name__}"
+
+    async def _database(self) -> str:
+        def ping() -> None:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+
+        await asyncio.to_thread(ping)
+        return "ok"
+
+    async def _broker(self) -> str:
+        def ping() -> None:
+            with self.app.connection_for_write() as conn:
+                conn.ensure_connection(max_retries=1, timeout=int(CHECK_TIMEOUT_S))
+
+        await asyncio.to_thread(ping)
+        return "ok"
+
+    async def _redis(self) -> str:
+        await self.redis.ping()
+        return "ok"
+
+    async def _planner(self) -> str:
+        assert self._planner_channel is not None, "start() first"
+        stub = health_pb2_grpc.HealthStub(self._planner_channel)
+        reply = await stub.Check(health_pb2.HealthCheckRequest(service=""))
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            return "not serving (loading or draining)"
+        return "ok"
+
+    async def aclose(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+        await self.runner.aclose()
+        if self._planner_channel is not None:
+            await self._planner_channel.close()
+        await self.redis.aclose()

@@ -1,0 +1,125 @@
+"""The API over the embedded runtime: workflows run as tasks of this process's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+from conductor.chat import ChatMessage
+from conductor.machine import EventKind, MachineEvent, utcnow
+from conductor.pool import Pool
+from conductor.ports import StepCallResult, StepRunner
+from conductor.profiles import Profile
+from conductor.runs import SubmitRequest, record_workflow
+from conductor.workflow import PlanOutcome, StepRecord, WorkflowResult
+from conductor_aggregator.executor import WorkflowExecutor
+from conductor_api.service import EventSignals, WorkflowService
+
+logger = logging.getLogger(__name__)
+FINAL = (EventKind.COMPLETED, EventKind.FAILED)
+
+
+class SignalObserver:
+    """Announces stored events; placed after the trace store, so what it announces is there."""
+
+    def __init__(self, signals: EventSignals) -> None:
+        self.signals = signals
+
+    async def events_recorded(self, result: WorkflowResult, events: list[MachineEvent]) -> None:
+        last = max(e.sequence for e in events)
+        final = any(e.kind in FINAL for e in events)
+        self.signals.announce(result.workflow_id, last, final=final)
+
+    async def workflow_started(self, result: WorkflowResult, pool_snapshot: Any) -> None:
+        return None
+
+    async def plan_ready(self, result: WorkflowResult, outcome: PlanOutcome) -> None:
+        return None
+
+    async def step_started(self, result: WorkflowResult, step: StepRecord) -> None:
+        return None
+
+    async def step_finished(self, result: WorkflowResult, step: StepRecord) -> None:
+        return None
+
+    async def workflow_finished(self, result: WorkflowResult) -> None:
+        return None
+
+
+class EmbeddedWorkflows(WorkflowService):
+    mode = "embedded"
+
+    def __init__(
+        self,
+        executor: WorkflowExecutor,
+        gateway: StepRunner,
+        engine: Engine,
+        pool: Pool,
+        profiles: Mapping[str, Profile],
+        default_variant: str,
+    ) -> None:
+        super().__init__(engine, pool, profiles, default_variant)
+        self.executor = executor
+        self.gateway = gateway
+        executor.observers.append(SignalObserver(self.signals))
+        self._running: set[asyncio.Task[WorkflowResult]] = set()
+
+    @property
+    def worker_names(self) -> list[str]:
+        return [e.name for e in self.executor.entries]
+
+    async def submit(self, request: SubmitRequest) -> uuid.UUID:
+        self.executor.entries_for(request.pool)  # refuses unknown workers before recording
+        workflow_id, now = uuid.uuid4(), utcnow()
+
+        def record() -> None:
+            with self.engine.begin() as conn:
+                record_workflow(conn, request, workflow_id, now)
+
+        await asyncio.to_thread(record)
+        task = asyncio.create_task(
+            self.executor.run(
+                request.question,
+                request.profile,
+                workflow_id=workflow_id,
+                pool=request.pool,
+                created_at=now,
+            ),
+            name=f"workflow-{workflow_id}",
+        )
+        self._running.add(task)
+        task.add_done_callback(self._finished)
+        return workflow_id
+
+    def _finished(self, task: asyncio.Task[WorkflowResult]) -> None:
+        self._running.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("workflow task failed", exc_info=task.exception())
+
+    async def passthrough(self, worker: str, messages: Sequence[ChatMessage]) -> StepCallResult:
+        return await self.gateway.call(worker, messages)
+
+    async def readiness(self) -> dict[str, str]:
+        def ping() -> None:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+
+        checks = {"database": "ok", "workers": "ok"}
+        try:
+            await asyncio.to_thread(ping)
+        except Exception as exc:
+            checks["database"] = f"unreachable: {type(exc).__name__}"
+        if not self.worker_names:
+            checks["workers"] = "no worker in the pool can be called"
+        return checks
+
+    async def aclose(self) -> None:
+        """Workflows still running are cancelled; each records that it did not finish."""
+        for task in list(self._running):
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)

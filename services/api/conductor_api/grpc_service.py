@@ -1,0 +1,107 @@
+"""gRPC ``conductor.v1.Workflows`` (Submit, Get, Watch), served by the api process.
+
+Same keys, tenants and rules as the HTTP API: the key goes in the ``authorization`` metadata
+(``Bearer <key>``); another tenant's workflow is NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
+
+import grpc
+
+from conductor.errors import InvalidRequest
+from conductor.orchestration import check_question
+from conductor.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
+from conductor_api.auth import identify
+from conductor_api.errors import ApiError
+from conductor_api.reads import TERMINAL_EVENTS, load_events, load_workflow
+from conductor_api.service import Caller, WorkflowService
+from conductor_api.wire import event_to_proto, workflow_to_proto
+
+_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    404: grpc.StatusCode.NOT_FOUND,
+}
+
+
+class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[misc]
+    def __init__(self, service: WorkflowService, *, open_access: bool = False) -> None:
+        self.service = service
+        self.open_access = open_access
+
+    async def Submit(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        caller = await self._caller(context)
+        try:
+            check_question(request.question)
+            submission = self.service.submission(
+                caller,
+                request.question,
+                variant=request.variant or None,
+                pool=list(request.pool) or None,
+                max_steps=request.max_steps if request.HasField("max_steps") else None,
+                metadata=dict(request.metadata),
+            )
+        except (InvalidRequest, ValueError) as exc:
+            await _abort(context, ApiError(400, str(exc)))
+        workflow_id = await self.service.submit(submission)
+        return workflows_pb2.SubmitResponse(
+            workflow_id=str(workflow_id), status=common_pb2.WORKFLOW_STATUS_QUEUED
+        )
+
+    async def Get(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        caller = await self._caller(context)
+        workflow_id = await _workflow_id(request.workflow_id, context)
+        view = await asyncio.to_thread(
+            load_workflow, self.service.engine, workflow_id, caller.tenant
+        )
+        if view is None:
+            await _abort(context, ApiError(404, f"workflow {workflow_id} not found"))
+        return workflow_to_proto(view)
+
+    async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        caller = await self._caller(context)
+        workflow_id = await _workflow_id(request.workflow_id, context)
+        after = max(0, request.after_sequence)
+        engine = self.service.engine
+        found = await asyncio.to_thread(load_events, engine, workflow_id, caller.tenant, after, 0)
+        if found is None:
+            await _abort(context, ApiError(404, f"workflow {workflow_id} not found"))
+        async for event in self.service.follow(workflow_id, caller.tenant, after):
+            outcome = None
+            if event.kind in TERMINAL_EVENTS:
+                outcome = await asyncio.to_thread(load_workflow, engine, workflow_id, caller.tenant)
+            yield event_to_proto(event, outcome)
+
+    async def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
+        metadata = dict(context.invocation_metadata() or ())
+        try:
+            return await identify(
+                self.service, str(metadata.get("authorization", "")), open_access=self.open_access
+            )
+        except ApiError as error:
+            await _abort(context, error)
+
+
+async def _workflow_id(text: str, context: grpc.aio.ServicerContext) -> uuid.UUID:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        await _abort(context, ApiError(400, f"workflow_id {text!r} is not a UUID"))
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: ApiError) -> NoReturn:
+    await context.abort(_CODES.get(error.status, grpc.StatusCode.INTERNAL), error.message)
+    raise AssertionError("unreachable: abort raises")
+
+
+def add_workflows_service(
+    server: grpc.aio.Server, service: WorkflowService, *, open_access: bool = False
+) -> None:
+    workflows_pb2_grpc.add_WorkflowsServicer_to_server(
+        WorkflowsServicer(service, open_access=open_access), server
+    )

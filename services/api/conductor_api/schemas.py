@@ -1,0 +1,168 @@
+"""Request and response bodies of the HTTP API (they are also its OpenAPI document).
+
+Field limits are part of the contract: a body over them is refused with a 400 that names the
+field, before any work starts.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from conductor.orchestration import MAX_QUESTION_CHARS
+from conductor.profiles import MAX_STEPS_LIMIT
+from conductor.workflow import AttemptRecord, PlanOutcome, StepRecord
+
+MAX_MESSAGES = 256
+MAX_POOL_NAMES = 64
+MAX_LABELS = 32
+Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+LabelValue = Annotated[str, StringConstraints(max_length=512)]
+Text = Annotated[str, StringConstraints(max_length=MAX_QUESTION_CHARS)]
+
+
+class ConductorOptions(BaseModel):
+    """Per-request orchestration options, within what the caller's API key allows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pool: list[Name] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_POOL_NAMES,
+        description="Workers the Conductor may use; default: every worker the key may use.",
+    )
+    max_steps: int | None = Field(
+        default=None, ge=1, le=MAX_STEPS_LIMIT, description="Most steps per plan."
+    )
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: Text
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)]
+    name: Name | None = None
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """The OpenAI chat completion request. Sampling fields (temperature, max_tokens, ...) are
+    accepted and ignored: each worker's settings come from the pool file."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: Name = Field(description="A variant (e.g. conductor-ultra) or a worker's name.")
+    messages: list[ChatMessageIn] = Field(min_length=1, max_length=MAX_MESSAGES)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1, le=1, description="Only one choice is supported.")
+    conductor: ConductorOptions | None = None
+    metadata: dict[Name, LabelValue] | None = Field(default=None, max_length=MAX_LABELS)
+
+
+class WorkflowSubmission(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    question: Text = Field(min_length=1)
+    variant: Name | None = Field(default=None, description="Default: the server's default.")
+    pool: list[Name] | None = Field(default=None, min_length=1, max_length=MAX_POOL_NAMES)
+    max_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS_LIMIT)
+    metadata: dict[Name, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
+
+
+class WorkflowAccepted(BaseModel):
+    id: uuid.UUID
+    object: Literal["workflow"] = "workflow"
+    status: str
+
+
+class Feedback(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    score: float = Field(ge=0.0, le=1.0, description="0 (wrong) to 1 (right); kept as reward.")
+
+
+class FeedbackStored(BaseModel):
+    id: uuid.UUID
+    object: Literal["workflow.feedback"] = "workflow.feedback"
+    score: float
+
+
+class UsageView(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+class StepView(StepRecord):
+    attempts: list[AttemptRecord] = Field(default_factory=list)
+
+
+class WorkflowView(BaseModel):
+    """A workflow as a client sees it: running or finished."""
+
+    id: uuid.UUID
+    object: Literal["workflow"] = "workflow"
+    status: Literal["queued", "running", "completed", "failed"]
+    variant: str
+    question: str
+    metadata: dict[str, str]
+    plan_valid: bool
+    planner_calls: list[PlanOutcome]
+    steps: list[StepView]
+    answer: str | None
+    error: str | None
+    usage: UsageView
+    cost_usd: float
+    latency_ms: float
+    feedback: float | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class EventView(BaseModel):
+    """One event of a workflow; ``data`` is the plan, the step, or the finished workflow."""
+
+    workflow_id: uuid.UUID
+    sequence: int
+    kind: Literal["plan", "step_started", "step_finished", "completed", "failed"]
+    at: datetime
+    data: dict[str, Any]
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    kind: Literal["variant", "worker"]
+    description: str = ""
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,77 @@
+"""Runs the HTTP API (uvicorn) and the gRPC Workflows service in one event loop.
+
+uvicorn handles SIGINT and SIGTERM: it stops accepting, lets requests in flight finish (up to
+the grace period), then the gRPC server stops with the same grace and the service closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import uvicorn
+
+from conductor_api.app import create_app
+from conductor_api.grpc_service import add_workflows_service
+from conductor_api.service import WorkflowService
+
+
+@dataclass(frozen=True)
+class Listening:
+    http_url: str
+    grpc_address: str | None
+
+
+def _http_url(server: uvicorn.Server, host: str) -> str:
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return f"http://{host}:{port}"
+
+
+async def serve_api(
+    service: WorkflowService,
+    *,
+    host: str,
+    port: int,
+    grpc_port: int | None,
+    open_access: bool = False,
+    grace_s: float = 10.0,
+    on_ready: Callable[[Listening], None] = lambda _: None,
+) -> None:
+    """Serve until SIGINT/SIGTERM; ``on_ready`` hears where, once both ports listen."""
+    await service.start()
+    grpc_server: grpc.aio.Server | None = None
+    try:
+        grpc_address = None
+        if grpc_port is not None:
+            grpc_server = grpc.aio.server()
+            add_workflows_service(grpc_server, service, open_access=open_access)
+            bound = grpc_server.add_insecure_port(f"{host}:{grpc_port}")
+            await grpc_server.start()
+            grpc_address = f"{host}:{bound}"
+        config = uvicorn.Config(
+            create_app(service, open_access=open_access),
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=int(grace_s),
+        )
+        server = uvicorn.Server(config)
+
+        async def announce() -> None:
+            while not server.started:
+                if server.should_exit:
+                    return
+                await asyncio.sleep(0.05)
+            on_ready(Listening(_http_url(server, host), grpc_address))
+
+        announcer = asyncio.create_task(announce())
+        await server.serve()
+        announcer.cancel()
+    finally:
+        if grpc_server is not None:
+            await grpc_server.stop(grace_s)
+        await service.aclose()

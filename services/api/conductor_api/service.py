@@ -1,0 +1,181 @@
+"""What the HTTP and gRPC front ends need from a runtime, and the rules they share.
+
+``WorkflowService`` has two implementations: embedded (the executor in this process) and
+distributed (submit through the broker; aggregators run the workflow). Both write the same
+trace tables, so reads (conductor_api.reads) and event streams are shared; the services only
+differ in how work starts and how new events are announced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Engine
+
+from conductor.chat import ChatMessage
+from conductor.errors import InvalidRequest
+from conductor.pool import Pool
+from conductor.ports import StepCallResult
+from conductor.profiles import Profile, get_profile
+from conductor.runs import SubmitRequest
+from conductor_api.reads import TERMINAL_EVENTS, load_events
+from conductor_api.schemas import EventView
+
+POLL_INTERVAL_S = 1.0  # events are re-read this often even when no announcement arrives
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: the API key's tenant and the workers it may use (None: any)."""
+
+    tenant: str
+    allowed_pool: tuple[str, ...] | None = None
+    key_id: str | None = None
+
+
+class EventSignals:
+    """Wakes the readers of a workflow's events when new ones are stored.
+
+    Announcements are a shortcut, not the source of truth: readers re-read the table at
+    least every POLL_INTERVAL_S, so a lost announcement delays an event, never drops it.
+    """
+
+    def __init__(self) -> None:
+        self._latest: dict[uuid.UUID, int] = {}
+        self._wakeups: dict[uuid.UUID, asyncio.Event] = {}
+
+    def announce(self, workflow_id: uuid.UUID, sequence: int, *, final: bool = False) -> None:
+        self._latest[workflow_id] = max(sequence, self._latest.get(workflow_id, 0))
+        wakeup = self._wakeups.pop(workflow_id, None)
+        if wakeup is not None:
+            wakeup.set()
+        if final:
+            self._latest.pop(workflow_id, None)
+
+    async def wait(self, workflow_id: uuid.UUID, after: int, timeout_s: float) -> None:
+        if self._latest.get(workflow_id, 0) > after:
+            return
+        wakeup = self._wakeups.setdefault(workflow_id, asyncio.Event())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wakeup.wait(), timeout_s)
+
+
+class WorkflowService(ABC):
+    """A runtime behind the API: starts workflows and pass-through calls."""
+
+    mode: str
+
+    def __init__(
+        self,
+        engine: Engine,
+        pool: Pool,
+        profiles: Mapping[str, Profile],
+        default_variant: str,
+    ) -> None:
+        self.engine = engine
+        self.pool = pool
+        self.profiles = dict(profiles)
+        self.default_variant = default_variant
+        self.signals = EventSignals()
+
+    @property
+    @abstractmethod
+    def worker_names(self) -> list[str]:
+        """Workers a request may name, in pool order."""
+
+    @abstractmethod
+    async def submit(self, request: SubmitRequest) -> uuid.UUID:
+        """Record the workflow (queued, with its tenant) and start it; returns at once."""
+
+    @abstractmethod
+    async def passthrough(self, worker: str, messages: Sequence[ChatMessage]) -> StepCallResult:
+        """One call to one worker, with the gateway's retries, quotas and costs."""
+
+    @abstractmethod
+    async def readiness(self) -> dict[str, str]:
+        """Each dependency and "ok", or what is wrong with it."""
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+    # -- shared rules -----------------------------------------------------------------------
+
+    def profile(self, variant: str | None, max_steps: int | None) -> Profile:
+        profile = get_profile(variant or self.default_variant, self.profiles)
+        if max_steps is not None:
+            profile = profile.model_copy(update={"max_steps": max_steps})
+        return profile
+
+    def allowed_workers(self, caller: Caller) -> list[str]:
+        names = self.worker_names
+        if caller.allowed_pool is None:
+            return names
+        return [n for n in names if n in caller.allowed_pool]
+
+    def resolve_pool(self, caller: Caller, requested: Sequence[str] | None) -> list[str] | None:
+        """The workers a request may use: what it asked for, checked against the pool and the
+        caller's key; None means every worker of the pool (a key without limits)."""
+        if requested is None:
+            return None if caller.allowed_pool is None else list(caller.allowed_pool)
+        wanted = list(dict.fromkeys(requested))
+        unknown = [n for n in wanted if n not in self.worker_names]
+        if unknown:
+            raise InvalidRequest(
+                f"conductor.pool: workers not in the pool: {', '.join(unknown)} "
+                f"(known: {', '.join(self.worker_names)})"
+            )
+        if caller.allowed_pool is not None:
+            refused = [n for n in wanted if n not in caller.allowed_pool]
+            if refused:
+                raise InvalidRequest(
+                    f"conductor.pool: this API key may not use {', '.join(refused)} "
+                    f"(allowed: {', '.join(caller.allowed_pool)})"
+                )
+        return wanted
+
+    def submission(
+        self,
+        caller: Caller,
+        question: str,
+        *,
+        variant: str | None = None,
+        pool: Sequence[str] | None = None,
+        max_steps: int | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> SubmitRequest:
+        return SubmitRequest(
+            question=question,
+            profile=self.profile(variant, max_steps),
+            pool=self.resolve_pool(caller, pool),
+            tenant=caller.tenant,
+            metadata=dict(metadata or {}),
+        )
+
+    async def follow(
+        self, workflow_id: uuid.UUID, tenant: str, after: int = 0
+    ) -> AsyncIterator[EventView]:
+        """The workflow's events after ``after``, in order, as they are stored; ends after the
+        outcome. Raises LookupError at once when the workflow is not the tenant's."""
+        first = True
+        while True:
+            events = await asyncio.to_thread(load_events, self.engine, workflow_id, tenant, after)
+            if events is None:
+                if first:
+                    raise LookupError(workflow_id)
+                return
+            first = False
+            for event in events:
+                yield event
+                after = event.sequence
+                if event.kind in TERMINAL_EVENTS:
+                    return
+            if not events:
+                await self.signals.wait(workflow_id, after, POLL_INTERVAL_S)
