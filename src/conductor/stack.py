@@ -29,6 +29,8 @@ READY_LINES = {
     "planner": b"conductor planner: serving",
     "aggregator": b"conductor aggregator: ready",
     "gateway": b"conductor gateway: ready",
+    "serve": b"conductor serve: serving",
+    "api": b"conductor api: serving",
 }
 
 

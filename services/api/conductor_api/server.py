@@ -38,8 +38,10 @@ async def serve_api(
     open_access: bool = False,
     grace_s: float = 10.0,
     on_ready: Callable[[Listening], None] = lambda _: None,
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM; ``on_ready`` hears where, once both ports listen."""
+    """Serve until SIGINT/SIGTERM (or ``stop`` is set, for servers on a thread); ``on_ready``
+    hears where, once both ports listen."""
     await service.start()
     grpc_server: grpc.aio.Server | None = None
     try:
@@ -68,9 +70,15 @@ async def serve_api(
                 await asyncio.sleep(0.05)
             on_ready(Listening(_http_url(server, host), grpc_address))
 
-        announcer = asyncio.create_task(announce())
+        async def stop_on_request() -> None:
+            if stop is not None:
+                await stop.wait()
+                server.should_exit = True
+
+        helpers = [asyncio.create_task(announce()), asyncio.create_task(stop_on_request())]
         await server.serve()
-        announcer.cancel()
+        for task in helpers:
+            task.cancel()
     finally:
         if grpc_server is not None:
             await grpc_server.stop(grace_s)
