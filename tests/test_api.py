@@ -547,3 +547,18 @@ def test_an_open_server_takes_any_key_until_one_exists(tmp_path: Path) -> None:
         assert reply.status_code == 404
     finally:
         server.close()
+
+
+def test_a_streamed_body_over_the_limit_is_413(api: Api) -> None:
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the server counts as it reads
+        yield b'{"model": "conductor-mini", "messages": [{"role": "user", "content": "'
+        for _ in range(48):
+            yield b"x" * 65536
+        yield b'"}]}'
+
+    with api.http() as http:
+        response = http.post(
+            "/v1/chat/completions", content=chunks(), headers={"Content-Type": "application/json"}
+        )
+    assert response.status_code == 413, response.text
+    assert response.json()["error"]["code"] == "request_too_large"

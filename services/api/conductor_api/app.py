@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,7 +20,12 @@ MAX_BODY_BYTES = 2 * 1024 * 1024
 
 
 class BodyLimit:
-    """Refuses request bodies over ``limit`` bytes with a 413, declared or streamed."""
+    """Refuses request bodies over ``limit`` bytes with a 413, declared or streamed.
+
+    A streamed body is counted as the app reads it; past the limit the read fails, and
+    whatever the app answers to that (FastAPI: a 400 "error parsing the body") is replaced by
+    the 413.
+    """
 
     def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
         self.app = app
@@ -34,27 +40,32 @@ class BodyLimit:
             await self._refuse(send)
             return
         received = 0
-        started = False
+        exceeded = replied = False
 
         async def counted() -> Message:
-            nonlocal received
+            nonlocal received, exceeded
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
+                    exceeded = True
                     raise _TooLarge
             return message
 
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
+        async def guarded(message: Message) -> None:
+            nonlocal replied
+            if exceeded:
+                if not replied:
+                    replied = True
+                    await self._refuse(send)
+                return
+            replied = True
             await send(message)
 
-        try:
-            await self.app(scope, counted, tracked)
-        except _TooLarge:
-            if not started:
-                await self._refuse(send)
+        with contextlib.suppress(_TooLarge):
+            await self.app(scope, counted, guarded)
+        if exceeded and not replied:
+            await self._refuse(send)
 
     async def _refuse(self, send: Send) -> None:
         message = f"request body over {self.limit} bytes"
