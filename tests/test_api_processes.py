@@ -67,6 +67,16 @@ def worker_responder(messages: list[dict[str, Any]]) -> str:
     return CHECKED if "Check the answer." in asked else SOLVED
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _unsteered() -> Iterator[None]:
+    """The processes see only the settings the tests give them (ServiceProcess and
+    subprocess get os.environ plus those), not the caller's CONDUCTOR_ variables."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in UNSET:
+            patch.delenv(name, raising=False)
+        yield
+
+
 @dataclass
 class Fakes:
     planner: FakeOpenAIServer
@@ -108,29 +118,21 @@ def _model_env(fakes: Fakes, directory: Path) -> dict[str, str]:
     }
 
 
-def _environ(env: dict[str, str]) -> dict[str, str]:
-    """The test's environment without the variables that steer conductor, then ``env``."""
-    base = {k: v for k, v in os.environ.items() if k not in UNSET}
-    return {**base, **env}
-
-
 def _conductor(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [*CONDUCTOR, *args],
         capture_output=True,
         text=True,
-        env=_environ(env),
+        env={**os.environ, **env},
         timeout=120,
         check=False,
     )
 
 
 def _start(role: str, log_path: Path, env: dict[str, str]) -> ServiceProcess:
-    """``conductor ROLE`` on free ports. ServiceProcess adds its env to os.environ, so the
-    steering variables it should not see are set to empty values."""
+    """``conductor ROLE`` on free ports, started once it printed its ready line."""
     args = ["--port", "0", "--grpc-port", "0"]
-    cleared = {k: "" for k in UNSET if k in os.environ and k not in env}
-    return ServiceProcess(role, args, log_path, {**cleared, **env}).start()
+    return ServiceProcess(role, args, log_path, env).start()
 
 
 def _addresses(process: ServiceProcess) -> tuple[str, str]:
@@ -430,3 +432,12 @@ def test_grpc_without_a_key_is_unauthenticated(distributed: Distributed) -> None
             stub.Get(workflows_pb2.GetRequest(workflow_id=ZERO_UUID), timeout=30)
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
+
+@pytest.mark.postgres
+@pytest.mark.broker
+def test_api_stops_cleanly_on_sigterm(distributed: Distributed) -> None:
+    """Last of the module: it stops the shared api process (the fixture's stop is then a no-op)."""
+    distributed.api.stop()
+    assert distributed.api.process is not None
+    assert distributed.api.process.returncode == 0, distributed.api.tail()
+    assert "conductor api: stopped" in distributed.api.tail()

@@ -7,8 +7,12 @@ the grace period), then the gRPC server stops with the same grace and the servic
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import FrameType
 
 import grpc
 import uvicorn
@@ -22,6 +26,29 @@ from conductor_api.service import WorkflowService
 class Listening:
     http_url: str
     grpc_address: str | None
+
+
+@contextlib.contextmanager
+def _signals_end(server: uvicorn.Server) -> Iterator[None]:
+    """SIGINT and SIGTERM end the server; nothing more.
+
+    uvicorn handles them while it serves, and afterwards raises the signal again under the
+    handler that was installed before it: with Python's defaults that kills the process
+    before gRPC and the service are closed. Ours asks for the same graceful exit instead.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread receives signals (servers in tests run on threads)
+        return
+
+    def end(signum: int, frame: FrameType | None) -> None:
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, end) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _http_url(server: uvicorn.Server, host: str) -> str:
@@ -76,7 +103,8 @@ async def serve_api(
                 server.should_exit = True
 
         helpers = [asyncio.create_task(announce()), asyncio.create_task(stop_on_request())]
-        await server.serve()
+        with _signals_end(server):
+            await server.serve()
         for task in helpers:
             task.cancel()
     finally:
