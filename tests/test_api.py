@@ -372,6 +372,7 @@ def test_events_arrive_in_order_and_a_late_client_gets_them_all(api: Api) -> Non
     waited = time.monotonic() - started
     late = _events(api, workflow_id)
     resumed = _events(api, workflow_id, **{"Last-Event-ID": "2"})
+    past_the_end = _events(api, workflow_id, **{"Last-Event-ID": "4"})  # ends, never waits
 
     assert waited >= 0.5  # the early client really waited for the workflow
     kinds = [kind for _, kind, _ in early]
@@ -380,6 +381,7 @@ def test_events_arrive_in_order_and_a_late_client_gets_them_all(api: Api) -> Non
     assert all(data["sequence"] == seq and data["kind"] == kind for seq, kind, data in early)
     assert late == early
     assert resumed == early[2:]
+    assert past_the_end == []
     outcome = early[-1][2]["data"]
     assert outcome["answer"] == "gamma answers 1 message(s)"
     workflow = _workflow(api, workflow_id)
@@ -416,6 +418,15 @@ def test_grpc_submit_get_and_watch(api: Api) -> None:
                 timeout=30,
             )
         )
+        resumed = list(
+            stub.Watch(
+                workflows_pb2.WatchRequest(
+                    workflow_id=accepted.workflow_id, after_sequence=events[-1].sequence
+                ),
+                metadata=metadata,
+                timeout=10,
+            )
+        )
         workflow = stub.Get(
             workflows_pb2.GetRequest(workflow_id=accepted.workflow_id),
             metadata=metadata,
@@ -434,6 +445,7 @@ def test_grpc_submit_get_and_watch(api: Api) -> None:
     assert [e.sequence for e in events] == list(range(1, len(events) + 1))
     assert [e.WhichOneof("payload") for e in events][-1] == "completed"
     assert events[-1].completed.answer == ANSWER
+    assert resumed == []
     assert workflow.status == common_pb2.WORKFLOW_STATUS_COMPLETED
     assert workflow.answer == ANSWER
     assert [s.worker for s in workflow.steps] == ["alpha", "beta"]

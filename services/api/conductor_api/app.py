@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -14,6 +15,7 @@ import conductor
 from conductor_api import chat, jobs
 from conductor_api.errors import error_body, install_error_handlers
 from conductor_api.metrics import ApiMetrics
+from conductor_api.schemas import ErrorResponse
 from conductor_api.service import WorkflowService
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
@@ -81,6 +83,40 @@ async def _no_body() -> Message:
     return {"type": "http.request", "body": b"", "more_body": False}
 
 
+_ERRORS = {
+    "400": "Invalid request: the message names the field",
+    "401": "Missing, wrong or revoked API key",
+    "404": "Unknown model, or a workflow this key cannot see",
+    "413": "Request body over 2 MiB",
+}
+
+
+def _openapi_document(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, corrected to what the API does: errors are OpenAI error objects
+    with status 400 (never FastAPI's 422), and /v1 needs a bearer key."""
+    document = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
+    error_schema = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas.update(error_schema.pop("$defs", {}))
+    schemas["ErrorResponse"] = error_schema
+    document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+    for path, operations in document["paths"].items():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            responses.pop("422", None)
+            if not path.startswith("/v1/"):
+                continue
+            operation["security"] = [{"bearer": []}]
+            for status, description in _ERRORS.items():
+                responses.setdefault(status, {"description": description, "content": ref})
+    return document
+
+
 def create_app(service: WorkflowService, *, open_access: bool = False) -> FastAPI:
     """The API over ``service``; ``open_access`` (embedded only) admits requests without a
     key while no key exists."""
@@ -123,5 +159,11 @@ def create_app(service: WorkflowService, *, open_access: bool = False) -> FastAP
         """Prometheus text format."""
         return metrics.exposition()
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = _openapi_document(app)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(BodyLimit)
     return app

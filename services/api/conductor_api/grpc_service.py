@@ -18,7 +18,7 @@ from conductor.orchestration import check_question
 from conductor.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
 from conductor_api.auth import identify
 from conductor_api.errors import ApiError
-from conductor_api.reads import TERMINAL_EVENTS, load_events, load_workflow
+from conductor_api.reads import MAX_SEQUENCE, TERMINAL_EVENTS, load_events, load_workflow
 from conductor_api.service import Caller, WorkflowService
 from conductor_api.wire import event_to_proto, workflow_to_proto
 
@@ -66,7 +66,7 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
     async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         caller = await self._caller(context)
         workflow_id = await _workflow_id(request.workflow_id, context)
-        after = max(0, request.after_sequence)
+        after = min(max(0, request.after_sequence), MAX_SEQUENCE)
         engine = self.service.engine
         found = await asyncio.to_thread(load_events, engine, workflow_id, caller.tenant, after, 0)
         if found is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated
@@ -13,7 +14,7 @@ from fastapi.responses import StreamingResponse
 from conductor.orchestration import check_question
 from conductor_api.auth import CallerDep
 from conductor_api.errors import ApiError, not_found
-from conductor_api.reads import load_events, load_workflow, store_feedback
+from conductor_api.reads import MAX_SEQUENCE, load_events, load_workflow, store_feedback
 from conductor_api.schemas import (
     EventView,
     Feedback,
@@ -26,6 +27,7 @@ from conductor_api.service import WorkflowService
 from conductor_api.sse import KEEPALIVE, event_frame, with_keepalive
 
 router = APIRouter(prefix="/v1/workflows", tags=["Workflows"])
+_SEQUENCE = re.compile(r"[0-9]{1,10}")  # ASCII digits only: str.isdigit() admits "²"
 
 
 @router.post("", status_code=202, response_model=WorkflowAccepted)
@@ -65,16 +67,22 @@ async def workflow_events(
     workflow_id: uuid.UUID,
     request: Request,
     caller: CallerDep,
-    after: Annotated[int, Query(ge=0, description="Send only events with a greater sequence.")] = 0,
+    after: Annotated[
+        int,
+        Query(ge=0, le=MAX_SEQUENCE, description="Send only events with a greater sequence."),
+    ] = 0,
     last_event_id: Annotated[str | None, Header(description="Standard SSE resume point.")] = None,
 ) -> StreamingResponse:
     """Server-sent events (``id`` = sequence, ``event`` = kind, ``data`` = the event as JSON):
     everything that already happened, then each new event; ends after the outcome."""
     service: WorkflowService = request.app.state.service
     if last_event_id is not None:
-        if not last_event_id.strip().isdigit():
-            raise ApiError(400, "Last-Event-ID: expected an event sequence number")
-        after = max(after, int(last_event_id))
+        resume = last_event_id.strip()
+        if not _SEQUENCE.fullmatch(resume) or int(resume) > MAX_SEQUENCE:
+            raise ApiError(
+                400, "Last-Event-ID: expected an event sequence number", param="Last-Event-ID"
+            )
+        after = max(after, int(resume))
     found = await asyncio.to_thread(
         load_events, service.engine, workflow_id, caller.tenant, after, 0
     )

@@ -25,6 +25,7 @@ from conductor.workflow import AttemptRecord, PlanOutcome
 from conductor_api.schemas import EventView, StepView, UsageView, WorkflowView
 
 TERMINAL_EVENTS = ("completed", "failed")
+MAX_SEQUENCE = 2**31 - 1  # event sequences are 32-bit integers in the database
 
 
 def _owned(conn: Any, workflow_id: uuid.UUID, tenant: str) -> bool:
@@ -141,6 +142,15 @@ def load_events(
             )
             for r in conn.execute(query).mappings()
         ]
+
+
+def has_outcome(engine: Engine, workflow_id: uuid.UUID) -> bool:
+    """Whether the workflow's last event (completed or failed) is stored: nothing follows it."""
+    query = select(event_table.c.sequence).where(
+        event_table.c.workflow_id == workflow_id, event_table.c.kind.in_(TERMINAL_EVENTS)
+    )
+    with engine.connect() as conn:
+        return conn.execute(query.limit(1)).first() is not None
 
 
 def store_feedback(engine: Engine, workflow_id: uuid.UUID, tenant: str, score: float) -> bool:

@@ -23,7 +23,7 @@ from conductor.pool import Pool
 from conductor.ports import StepCallResult
 from conductor.profiles import Profile, get_profile
 from conductor.runs import SubmitRequest
-from conductor_api.reads import TERMINAL_EVENTS, load_events
+from conductor_api.reads import TERMINAL_EVENTS, has_outcome, load_events
 from conductor_api.schemas import EventView
 
 POLL_INTERVAL_S = 1.0  # events are re-read this often even when no announcement arrives
@@ -178,4 +178,7 @@ class WorkflowService(ABC):
                 if event.kind in TERMINAL_EVENTS:
                     return
             if not events:
+                # A resume point at or past the outcome: nothing more will ever come.
+                if await asyncio.to_thread(has_outcome, self.engine, workflow_id):
+                    return
                 await self.signals.wait(workflow_id, after, POLL_INTERVAL_S)
