@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from conductor.chat import ChatMessage
 from conductor.errors import ProviderUnavailable
-from conductor.pool import Pool, Price, Provider, WorkerSpec
+from conductor.pool import Pool, Price
 from conductor.ports import PlanFormat, PlannerBackend
 from conductor.profiles import BUILTIN_PROFILES, Profile
 from conductor.workflow import StepKind, StepStatus, WorkflowResult, WorkflowStatus
@@ -28,26 +28,14 @@ from conductor_aggregator.executor import WorkflowExecutor
 from conductor_planner import ConductorPlanner
 
 from fakes.distributed import DistributedStack, distributed_stack
-from fakes.scripted import ScriptedBackend, ScriptedWorker, lists, scripted_gateway
+from fakes.scripted import ScriptedBackend, ScriptedWorker, lists, named_pool, scripted_gateway
 
 ULTRA = BUILTIN_PROFILES["conductor-ultra"]
 NAMES = ["alpha", "beta", "gamma"]
 
 
 def _pool(price: Price | None = None) -> Pool:
-    return Pool(
-        workers=tuple(
-            WorkerSpec(
-                name=n,
-                provider=Provider.OPENAI_COMPATIBLE,
-                model=n,
-                base_url="http://127.0.0.1:9",
-                description=f"worker {n}",
-                price=price or Price(),
-            )
-            for n in NAMES
-        )
-    )
+    return named_pool(NAMES, price)
 
 
 class Runtime(Protocol):

@@ -15,7 +15,7 @@ from typing import Any
 
 from conductor.chat import ChatMessage, Completion, Usage
 from conductor.loop_thread import LoopThread
-from conductor.pool import Pool, Price, Provider, WorkerSpec
+from conductor.pool import Price
 from conductor.ports import PlanFormat
 from conductor.profiles import BUILTIN_PROFILES
 from conductor.traces.db import make_engine, upgrade
@@ -26,7 +26,7 @@ from conductor_api.server import Listening, serve_api
 from conductor_api.service import WorkflowService
 from conductor_planner import ConductorPlanner
 
-from fakes.scripted import ScriptedWorker, lists, scripted_gateway
+from fakes.scripted import ScriptedWorker, lists, named_pool, scripted_gateway
 
 _POOL_LINE = re.compile(r"^Model (\d+): worker (\w+)$", re.MULTILINE)
 
@@ -81,23 +81,6 @@ class LiveApi:
 
 async def _build(make_service: Callable[[], WorkflowService]) -> WorkflowService:
     return make_service()  # on the server's loop: the service's tasks live there
-
-
-def named_pool(names: Sequence[str], price: Price | None = None) -> Pool:
-    """Workers ``names`` (described as "worker NAME"), never reached over the network."""
-    return Pool(
-        workers=tuple(
-            WorkerSpec(
-                name=n,
-                provider=Provider.OPENAI_COMPATIBLE,
-                model=n,
-                base_url="http://127.0.0.1:9",
-                description=f"worker {n}",
-                price=price or Price(),
-            )
-            for n in names
-        )
-    )
 
 
 class TwoStepBackend:

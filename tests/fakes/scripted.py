@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conductor.chat import ChatMessage, Completion, Usage
-from conductor.pool import Pool
+from conductor.pool import Pool, Price, Provider, WorkerSpec
 from conductor.ports import ChatWorker, PlanFormat
 from conductor.streaming import StreamEnd, StreamEvent, TextDelta
 from conductor_gateway.gateway import WorkerGateway
@@ -73,6 +73,23 @@ def scripted_gateway(
     """The real gateway around scripted workers; one attempt and no backoff unless asked."""
     policy = RetryPolicy(max_attempts=max_attempts, base_delay_s=0.0)
     return WorkerGateway(pool, workers, policy=policy)
+
+
+def named_pool(names: Sequence[str], price: Price | None = None) -> Pool:
+    """Workers ``names`` (described as "worker NAME"), never reached over the network."""
+    return Pool(
+        workers=tuple(
+            WorkerSpec(
+                name=n,
+                provider=Provider.OPENAI_COMPATIBLE,
+                model=n,
+                base_url="http://127.0.0.1:9",
+                description=f"worker {n}",
+                price=price or Price(),
+            )
+            for n in names
+        )
+    )
 
 
 @dataclass

@@ -79,13 +79,7 @@ def _view(
         steps=[_step_view(s, attempts.get(s.id, [])) for s in steps],
         answer=workflow.answer,
         error=workflow.error,
-        usage=UsageView(
-            prompt_tokens=workflow.prompt_tokens,
-            completion_tokens=workflow.completion_tokens,
-            total_tokens=workflow.total_tokens,
-            cached_tokens=workflow.cached_tokens,
-            reasoning_tokens=workflow.reasoning_tokens,
-        ),
+        usage=UsageView(**_usage(workflow), total_tokens=workflow.total_tokens),
         cost_usd=workflow.cost_usd,
         latency_ms=workflow.latency_ms,
         feedback=workflow.feedback,
@@ -94,7 +88,7 @@ def _view(
     )
 
 
-def _usage(row: StepRow | AttemptRow) -> dict[str, int]:
+def _usage(row: WorkflowRow | StepRow | AttemptRow) -> dict[str, int]:
     return {
         "prompt_tokens": row.prompt_tokens,
         "completion_tokens": row.completion_tokens,
