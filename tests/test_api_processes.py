@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from conductor.stack import ENTRY, LocalStack, ServiceProcess
 from conductor.traces.db import make_engine, upgrade
 from conductor.v1 import workflows_pb2, workflows_pb2_grpc
 
+from fakes.http_server import free_port
 from fakes.openai_server import FakeOpenAIServer
 
 CONDUCTOR = [sys.executable, "-c", ENTRY]
@@ -279,7 +279,7 @@ def distributed(
         "CONDUCTOR_RETRY_BASE_DELAY_S": "0.1",
         **_model_env(fakes, directory),
     }
-    stack = LocalStack(directory / "logs", env, planner_port=_free_port())
+    stack = LocalStack(directory / "logs", env, planner_port=free_port())
     api_env = dict(stack.env)  # with CONDUCTOR_PLANNER_ADDR
     # The api process needs nothing of the stack to start: start both at once.
     started: list[ServiceProcess] = []
@@ -307,13 +307,6 @@ def distributed(
     finally:
         api.stop()
         stack.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _workflow(d: Distributed, workflow_id: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from conductor.settings import BrokerSettings
 from conductor.stack import LocalStack
 from conductor.traces.db import make_engine, upgrade
 
+from fakes.http_server import free_port
 from fakes.openai_server import FakeOpenAIServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.broker]
@@ -57,13 +58,6 @@ def fakes() -> Iterator[tuple[FakeOpenAIServer, FakeOpenAIServer]]:
     yield planner, workers
     planner.stop()
     workers.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _stack(
@@ -110,7 +104,7 @@ def _stack(
     return LocalStack(
         tmp_path / "logs",
         env,
-        planner_port=_free_port(),
+        planner_port=free_port(),
         gateways=gateways,
         aggregators=aggregators,
     )
@@ -379,7 +373,7 @@ def test_redis_restarted_mid_run_loses_nothing(
     # Given the stack on RabbitMQ whose quotas and event notices live in a Redis of its own,
     # and workers under quotas (so every call goes through Redis)
     fakes[1].latency_s = 1.0
-    port = _free_port()
+    port = free_port()
     redis_process = _redis_server(port)
     own_redis = f"redis://127.0.0.1:{port}/0"
     stack = _stack(

@@ -7,7 +7,6 @@ Servers run in-process on free ports with scripted backends; one test runs the r
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 from typing import Any
 
@@ -42,6 +41,7 @@ from conductor.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from conductor.workflow import ALL, Plan, PlanOutcome, PlanStep, PoolEntry
 from conductor_planner.server import serve, start_planner_server
 
+from fakes.http_server import free_port
 from fakes.openai_server import FakeOpenAIServer
 from fakes.planner_service import (
     GatedFactory,
@@ -398,9 +398,7 @@ async def test_the_client_deadline_is_a_timeout_error() -> None:
 
 async def test_a_client_with_nothing_listening_fails_fast_and_typed() -> None:
     # given: a port nobody listens on
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    address = f"127.0.0.1:{free_port()}"
     client = GrpcPlanner(address, timeout_s=10)
 
     # when

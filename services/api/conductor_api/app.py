@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -137,9 +136,7 @@ def create_app(service: WorkflowService, *, open_access: bool = False) -> FastAP
     app.include_router(chat.router)
     app.include_router(jobs.router)
 
-    @app.middleware("http")
-    async def count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Any:
-        return await metrics.middleware(request, call_next)
+    app.middleware("http")(metrics.middleware)
 
     @app.get("/healthz", tags=["Operations"])
     async def healthz() -> dict[str, str]:

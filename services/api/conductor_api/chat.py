@@ -19,7 +19,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from conductor.chat import ChatMessage, Usage
-from conductor.orchestration import check_question
 from conductor.ports import StepCallFailed, StepCallResult
 from conductor_api.auth import CallerDep
 from conductor_api.errors import ApiError, error_body
@@ -34,7 +33,7 @@ from conductor_api.schemas import (
     WorkflowView,
 )
 from conductor_api.service import Caller, WorkflowService
-from conductor_api.sse import KEEPALIVE, data_line, with_keepalive
+from conductor_api.sse import KEEPALIVE, STREAM_HEADERS, data_line, with_keepalive
 
 router = APIRouter(tags=["OpenAI-compatible"])
 WAIT_MARGIN_S = 30.0  # beyond the variant's own deadline, for the outcome to be stored
@@ -89,9 +88,7 @@ def conductor_field(view: WorkflowView) -> dict[str, Any]:
                 "status": s.status.value,
                 "output": s.output,
                 "error": s.error,
-                "usage": openai_usage(
-                    UsageView(**s.usage.model_dump(), total_tokens=s.usage.total_tokens)
-                ),
+                "usage": openai_usage(s.usage),
                 "cost_usd": s.cost_usd,
                 "latency_ms": s.latency_ms,
             }
@@ -144,7 +141,6 @@ class _Chunks:
 
 
 DONE = "data: [DONE]\n\n"
-STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -163,7 +159,6 @@ async def chat_completions(
     if body.model not in service.profiles:
         raise _unknown_model(body.model)
     question = render_question(body.messages)
-    check_question(question)
     options = body.conductor
     submission = service.submission(
         caller,

@@ -14,7 +14,6 @@ from typing import Any, NoReturn
 import grpc
 
 from conductor.errors import InvalidRequest
-from conductor.orchestration import check_question
 from conductor.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
 from conductor_api.auth import identify
 from conductor_api.errors import ApiError
@@ -37,7 +36,6 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
     async def Submit(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         caller = await self._caller(context)
         try:
-            check_question(request.question)
             submission = self.service.submission(
                 caller,
                 request.question,

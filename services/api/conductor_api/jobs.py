@@ -11,7 +11,6 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
-from conductor.orchestration import check_question
 from conductor_api.auth import CallerDep
 from conductor_api.errors import ApiError, not_found
 from conductor_api.reads import MAX_SEQUENCE, load_events, load_workflow, store_feedback
@@ -24,7 +23,7 @@ from conductor_api.schemas import (
     WorkflowView,
 )
 from conductor_api.service import WorkflowService
-from conductor_api.sse import KEEPALIVE, event_frame, with_keepalive
+from conductor_api.sse import KEEPALIVE, STREAM_HEADERS, event_frame, with_keepalive
 
 router = APIRouter(prefix="/v1/workflows", tags=["Workflows"])
 _SEQUENCE = re.compile(r"[0-9]{1,10}")  # ASCII digits only: str.isdigit() admits "²"
@@ -34,7 +33,6 @@ _SEQUENCE = re.compile(r"[0-9]{1,10}")  # ASCII digits only: str.isdigit() admit
 async def submit(body: WorkflowSubmission, request: Request, caller: CallerDep) -> WorkflowAccepted:
     """Accept a question; the workflow runs in the background. 202 with its id."""
     service: WorkflowService = request.app.state.service
-    check_question(body.question)
     submission = service.submission(
         caller,
         body.question,
@@ -89,11 +87,7 @@ async def workflow_events(
     if found is None:
         raise not_found(f"workflow {workflow_id}")
     stream = _event_stream(service, workflow_id, caller.tenant, after)
-    return StreamingResponse(
-        stream,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
 
 
 async def _event_stream(

@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 
 from conductor.chat import ChatMessage
 from conductor.errors import InvalidRequest
+from conductor.orchestration import check_question
 from conductor.pool import Pool
 from conductor.ports import StepCallResult
 from conductor.profiles import Profile, get_profile
@@ -151,6 +152,9 @@ class WorkflowService(ABC):
         max_steps: int | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> SubmitRequest:
+        """A request checked against every rule before anything is recorded: the question,
+        the variant, max_steps, and the pool against the pool and the caller's key."""
+        check_question(question)
         return SubmitRequest(
             question=question,
             profile=self.profile(variant, max_steps),

@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 KEEPALIVE_S = 15.0  # proxies close idle connections; a comment line keeps them open
 KEEPALIVE = ": keep-alive\n\n"
+# No caching, and no buffering by proxies (nginx honours X-Accel-Buffering): events flow as sent.
+STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _END = object()
 
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+from typing import TYPE_CHECKING
 
 import typer
 
 from conductor.errors import ConfigurationError
+
+if TYPE_CHECKING:  # imported lazily at run time: the API pulls in FastAPI, uvicorn and gRPC
+    from conductor_api.server import Listening
 
 HOST_HELP = "Address to listen on (0.0.0.0: all)."
 GRPC_HELP = "Port of the gRPC Workflows service (0: any free port; -1: none)."
@@ -147,10 +151,7 @@ def api(
     typer.echo("conductor api: stopped")
 
 
-def _ready(role: str, at: object) -> None:
-    from conductor_api.server import Listening
-
-    assert isinstance(at, Listening)
+def _ready(role: str, at: Listening) -> None:
     grpc_part = f", gRPC on {at.grpc_address}" if at.grpc_address else ""
     typer.echo(f"conductor {role}: serving on {at.http_url}{grpc_part}", err=False)
 
