@@ -138,10 +138,14 @@ def load_events(
         ]
 
 
-def has_outcome(engine: Engine, workflow_id: uuid.UUID) -> bool:
-    """Whether the workflow's last event (completed or failed) is stored: nothing follows it."""
+def outcome_passed(engine: Engine, workflow_id: uuid.UUID, after: int) -> bool:
+    """Whether the workflow's outcome (its last event) is at or before ``after``: a reader
+    resuming there has nothing more to wait for. An outcome stored after the reader's last
+    read has a greater sequence, so it is read next, not skipped."""
     query = select(event_table.c.sequence).where(
-        event_table.c.workflow_id == workflow_id, event_table.c.kind.in_(TERMINAL_EVENTS)
+        event_table.c.workflow_id == workflow_id,
+        event_table.c.kind.in_(TERMINAL_EVENTS),
+        event_table.c.sequence <= after,
     )
     with engine.connect() as conn:
         return conn.execute(query.limit(1)).first() is not None

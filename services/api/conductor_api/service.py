@@ -24,7 +24,7 @@ from conductor.pool import Pool
 from conductor.ports import StepCallResult
 from conductor.profiles import Profile, get_profile
 from conductor.runs import SubmitRequest
-from conductor_api.reads import TERMINAL_EVENTS, has_outcome, load_events
+from conductor_api.reads import TERMINAL_EVENTS, load_events, outcome_passed
 from conductor_api.schemas import EventView
 
 POLL_INTERVAL_S = 1.0  # events are re-read this often even when no announcement arrives
@@ -183,6 +183,6 @@ class WorkflowService(ABC):
                     return
             if not events:
                 # A resume point at or past the outcome: nothing more will ever come.
-                if await asyncio.to_thread(has_outcome, self.engine, workflow_id):
+                if await asyncio.to_thread(outcome_passed, self.engine, workflow_id, after):
                     return
                 await self.signals.wait(workflow_id, after, POLL_INTERVAL_S)
