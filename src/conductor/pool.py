@@ -25,6 +25,7 @@ from pydantic import (
 
 from conductor.chat import Usage
 from conductor.errors import ConfigurationError
+from conductor.evaluation.items import Domain
 
 LOCAL_WORKER_NAME = "smollm2-local"
 BUILTIN_SMOLLM2 = "builtin:smollm2"
@@ -37,6 +38,9 @@ class Provider(StrEnum):
     OPENAI_COMPATIBLE = "openai-compatible"  # vLLM, llama.cpp server, others
     ANTHROPIC = "anthropic"
     GEMINI = "gemini"
+    # A simulator, not an LLM: answers evaluation items right with per-domain probabilities
+    # (conductor.evaluation.sim). For evaluating and training orchestration at zero cost.
+    SIM = "sim"
 
 
 # Cloud APIs that refuse calls without a key (self-hosted look-alikes may need none).
@@ -76,6 +80,33 @@ class Quotas(BaseModel):
     max_concurrency: int | None = Field(default=None, gt=0)
 
 
+class SimProfile(BaseModel):
+    """How a simulated worker behaves: skill per domain, check gain, cost and latency shape."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Probability of a right answer per item domain; domains not listed use ``default``.
+    skills: dict[Domain, float] = Field(default_factory=dict)
+    default: float = Field(default=0.5, ge=0, le=1)
+    # A step that sees an earlier right answer and is asked to check it is right with
+    # probability p + check_gain * (1 - p).
+    check_gain: float = Field(default=0.5, ge=0, le=1)
+    output_tokens: int = Field(default=200, gt=0)  # mean answer length (sampled +-20%)
+    latency_s: float = Field(default=0.02, ge=0)  # per call, plus per output token below
+    latency_per_token_s: float = Field(default=0.0, ge=0)
+
+    @field_validator("skills")
+    @classmethod
+    def _check_skills(cls, value: dict[Domain, float]) -> dict[Domain, float]:
+        bad = [f"{d.value}={p}" for d, p in value.items() if not 0 <= p <= 1]
+        if bad:
+            raise ValueError(f"skills are probabilities in [0, 1]: {', '.join(bad)}")
+        return value
+
+    def skill(self, domain: Domain) -> float:
+        return self.skills.get(domain, self.default)
+
+
 class WorkerSpec(BaseModel):
     """One worker LLM. Holds the *name* of its API key variable, never the key."""
 
@@ -96,6 +127,8 @@ class WorkerSpec(BaseModel):
     fallbacks: tuple[str, ...] = ()
     # Stream the answer from the provider (long answers never sit behind an idle timeout).
     stream: bool = False
+    # Provider ``sim`` only: how the simulated worker answers.
+    sim: SimProfile | None = None
 
     @field_validator("name")
     @classmethod
@@ -106,6 +139,18 @@ class WorkerSpec(BaseModel):
                 "starting with a letter or digit"
             )
         return value
+
+    @model_validator(mode="after")
+    def _check_sim(self) -> WorkerSpec:
+        if self.provider is Provider.SIM and self.sim is None:
+            raise ValueError("provider 'sim' needs a 'sim' section (skills, check_gain, ...)")
+        if self.provider is not Provider.SIM and self.sim is not None:
+            raise ValueError("a 'sim' section belongs to provider 'sim' workers only")
+        return self
+
+    @property
+    def simulated(self) -> bool:
+        return self.provider is Provider.SIM
 
     def resolved_base_url(self) -> str | None:
         return self.base_url or DEFAULT_BASE_URLS.get(self.provider)

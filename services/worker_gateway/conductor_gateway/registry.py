@@ -12,6 +12,7 @@ from conductor_gateway.adapters.anthropic import AnthropicWorker
 from conductor_gateway.adapters.gemini import GeminiWorker
 from conductor_gateway.adapters.llamacpp import LlamaCppWorker
 from conductor_gateway.adapters.openai import OpenAICompatibleWorker
+from conductor_gateway.adapters.sim import SimWorker
 
 
 def build_worker(
@@ -30,6 +31,8 @@ def build_worker(
             return AnthropicWorker.from_spec(spec, environ)
         case Provider.GEMINI:
             return GeminiWorker.from_spec(spec, environ)
+        case Provider.SIM:
+            return SimWorker.from_spec(spec)
 
 
 def build_workers(

@@ -10,6 +10,7 @@ import typer
 from conductor.cli.aggregator import aggregator
 from conductor.cli.ask import ask
 from conductor.cli.db import db_app
+from conductor.cli.eval import eval_command
 from conductor.cli.gateway import gateway
 from conductor.cli.keys import keys_app
 from conductor.cli.planner import planner
@@ -33,6 +34,7 @@ app.command()(aggregator)
 app.command()(stack)
 app.command()(serve)
 app.command()(api)
+app.command(name="eval")(eval_command)
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
 

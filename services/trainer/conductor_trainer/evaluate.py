@@ -1,0 +1,177 @@
+"""``conductor eval`` end to end: suites and strategies in, report.md / report.json / PNG out."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from conductor.evaluation.datasets import load_suite
+from conductor.evaluation.items import EvalItem
+from conductor.evaluation.sim import builtin_sim_pool
+from conductor.pool import Pool, load_pool_file
+from conductor.settings import Settings, load_pool, load_variants
+from conductor_trainer.plot import plot_accuracy_vs_cost
+from conductor_trainer.report import render_markdown, report_json, summarize
+from conductor_trainer.results import ItemResult, ResultStore
+from conductor_trainer.runner import EvalRuntime, pending_jobs, run_jobs
+from conductor_trainer.strategies import Kind, Strategy, parse_strategies
+
+DEFAULT_STRATEGIES = "conductor-ultra,single:*,moa,random,oracle"
+PLOT_FILE = "accuracy_vs_cost.png"
+
+
+@dataclass
+class EvalOptions:
+    suites: list[str]
+    limit: int
+    strategies: str = DEFAULT_STRATEGIES
+    pool: str | None = None  # "sim", a pool file, or None for the configured pool
+    out: Path = Path("eval-out")
+    seed: int = 0
+    concurrency: int = 4
+    fresh: bool = False
+    step_timeout_s: float = 300.0
+    command: str = "conductor eval"
+
+
+@dataclass
+class EvalOutcome:
+    report_md: Path
+    report_json: Path
+    plot: Path
+    summary: dict[str, Any]
+    ran: int  # jobs run now (the rest came from the result store)
+    results: list[ItemResult] = field(default_factory=list)
+
+
+def resolve_pool(choice: str | None, settings: Settings) -> tuple[Pool, str]:
+    """The pool to evaluate and its label for the report."""
+    if choice == "sim":
+        return builtin_sim_pool(), "sim (built-in simulated pool)"
+    if choice:
+        return load_pool_file(Path(choice)), choice
+    return load_pool(settings), str(settings.pool_file or "default pool")
+
+
+def planner_label(settings: Settings) -> str:
+    return f"{settings.planner_backend} {settings.planner_model or settings.local_model}"
+
+
+async def evaluate(
+    options: EvalOptions,
+    settings: Settings,
+    *,
+    on_start: Callable[[int], None] = lambda total: None,
+    on_result: Callable[[ItemResult], None] = lambda r: None,
+) -> EvalOutcome:
+    full_pool, pool_label = resolve_pool(options.pool, settings)
+    callable_workers = tuple(full_pool.available())
+    pool = Pool(workers=callable_workers)  # workers without their key are left out, as served
+    strategies = parse_strategies(
+        options.strategies, pool, load_variants(settings), seed=options.seed
+    )
+    suites: dict[str, list[EvalItem]] = {
+        name: await asyncio.to_thread(load_suite, name, limit=options.limit, seed=options.seed)
+        for name in options.suites
+    }
+    fingerprint = {
+        "pool": [w.snapshot() for w in pool.workers],
+        "planner": planner_label(settings),
+        "seed": options.seed,
+    }
+    store = ResultStore(options.out)
+    done = store.open(fingerprint, fresh=options.fresh)
+    jobs = pending_jobs(suites, strategies, done)
+    on_start(len(jobs))
+    runtime = await open_runtime(pool, settings, strategies, options.step_timeout_s)
+    try:
+        await run_jobs(
+            jobs,
+            runtime,
+            store,
+            seed=options.seed,
+            concurrency=options.concurrency,
+            on_result=on_result,
+        )
+    finally:
+        await runtime.aclose()
+    wanted = {(item.suite, item.id) for items in suites.values() for item in items}
+    names = {s.name for s in strategies}
+    results = [r for r in store.load() if (r.suite, r.item_id) in wanted and r.strategy in names]
+    return write_report(options, strategies, results, pool, pool_label, settings, len(jobs))
+
+
+async def open_runtime(
+    pool: Pool, settings: Settings, strategies: list[Strategy], step_timeout_s: float
+) -> EvalRuntime:
+    """The gateway over the pool's workers and, when a Conductor variant is evaluated, its
+    planner: the same parts ``conductor serve`` runs."""
+    from conductor.llamacpp import EngineOptions
+    from conductor_gateway.gateway import WorkerGateway
+    from conductor_gateway.quotas import MemoryQuotas
+    from conductor_gateway.registry import build_workers
+    from conductor_gateway.settings import GatewaySettings
+
+    workers = await asyncio.to_thread(build_workers, pool, EngineOptions.from_settings(settings))
+    gateway_settings = GatewaySettings.load()
+    gateway = WorkerGateway(
+        pool,
+        workers,
+        quotas=MemoryQuotas(gateway_settings.quota_config()),
+        policy=gateway_settings.retry_policy(),
+    )
+    runtime = EvalRuntime(pool=pool, gateway=gateway, step_timeout_s=step_timeout_s)
+    if any(s.kind is Kind.CONDUCTOR for s in strategies):
+        from conductor_planner import ConductorPlanner
+        from conductor_planner.backends import create_backend
+
+        try:
+            runtime.backend = await asyncio.to_thread(create_backend, settings)
+        except BaseException:
+            await gateway.aclose()
+            raise
+        runtime.planner = ConductorPlanner(runtime.backend)
+    return runtime
+
+
+def write_report(
+    options: EvalOptions,
+    strategies: list[Strategy],
+    results: list[ItemResult],
+    pool: Pool,
+    pool_label: str,
+    settings: Settings,
+    ran: int,
+) -> EvalOutcome:
+    summary = summarize(results, strategies)
+    uses_conductor = any(s.kind is Kind.CONDUCTOR for s in strategies)
+    meta: dict[str, Any] = {
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": options.command,
+        "pool_label": pool_label,
+        "workers": [w.name for w in pool.workers],
+        "simulated_workers": [w.name for w in pool.workers if w.simulated],
+        "planner": planner_label(settings) if uses_conductor else "not evaluated",
+        "limit": options.limit,
+        "seed": options.seed,
+        "strategies": [s.name for s in strategies],
+    }
+    out = options.out
+    plot_path = out / PLOT_FILE
+    if summary:
+        title = "Accuracy against cost" + (
+            " (simulated workers)" if meta["simulated_workers"] else ""
+        )
+        meta["plot_x_axis"] = plot_accuracy_vs_cost(summary, plot_path, title)
+    md_path, json_path = out / "report.md", out / "report.json"
+    md_path.write_text(
+        render_markdown(summary, meta, PLOT_FILE if summary else None), encoding="utf-8"
+    )
+    document = report_json(summary, meta)
+    json_path.write_text(json.dumps(document, indent=2), encoding="utf-8")
+    return EvalOutcome(md_path, json_path, plot_path, document, ran, results)
