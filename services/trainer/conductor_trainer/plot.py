@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conductor_trainer.report import StrategyRow
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
 
 MARKERS = {
     "conductor": "*",
@@ -27,8 +31,15 @@ def plot_accuracy_vs_cost(summary: dict[str, list[StrategyRow]], path: Path, tit
     by_cost = any(r.cost_per_question_usd > 0 for r in rows)
     axis = "cost per question (USD)" if by_cost else "tokens per question (every call was free)"
     suites = list(summary)
+    names = sorted({r.strategy for r in rows})
+    palette = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+    colours = {name: palette(i % palette.N) for i, name in enumerate(names)}  # same across suites
     fig, axes = plt.subplots(
-        1, len(suites), figsize=(6.5 * len(suites), 5), squeeze=False, constrained_layout=True
+        1,
+        len(suites),
+        figsize=(6.5 * len(suites), 5.5 + 0.2 * len(names) / 3),
+        squeeze=False,
+        constrained_layout=True,
     )
     for ax, suite in zip(axes[0], suites, strict=True):
         for row in summary[suite]:
@@ -42,14 +53,8 @@ def plot_accuracy_vs_cost(summary: dict[str, list[StrategyRow]], path: Path, tit
                 fmt=MARKERS.get(row.kind, "o"),
                 markersize=11 if row.kind == "conductor" else 7,
                 capsize=3,
+                color=colours[row.strategy],
                 label=row.strategy,
-            )
-            ax.annotate(
-                row.strategy,
-                (x, row.accuracy * 100),
-                textcoords="offset points",
-                xytext=(6, 4),
-                fontsize=8,
             )
         xs = [r.cost_per_question_usd if by_cost else r.tokens_per_question for r in summary[suite]]
         positive = [x for x in xs if x > 0]
@@ -60,6 +65,13 @@ def plot_accuracy_vs_cost(summary: dict[str, list[StrategyRow]], path: Path, tit
         ax.set_ylabel("accuracy (%)")
         ax.set_ylim(-2, 102)
         ax.grid(True, alpha=0.3)
+    # One legend for every panel, below them: labels by the points would pile up where
+    # baselines sit on top of each other.
+    handles: dict[str, Artist] = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    fig.legend([handles[n] for n in names], names, loc="outside lower center", ncols=3, fontsize=8)
     fig.suptitle(title)
     fig.savefig(path, dpi=120)
     plt.close(fig)
