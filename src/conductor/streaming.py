@@ -46,3 +46,9 @@ async def collect_stream(events: AsyncIterator[StreamEvent], provider: str) -> C
     raise StreamInterrupted(
         f"{provider}: the stream ended without its end marker after {received} characters"
     )
+
+
+async def one_delta_stream(completion: Completion) -> AsyncIterator[StreamEvent]:
+    """A whole answer as a stream: for workers that answer in one piece (local engine, sim)."""
+    yield TextDelta(completion.text)
+    yield StreamEnd(completion.usage, completion.finish_reason, completion.model)

@@ -20,9 +20,7 @@ from conductor.traces.db import make_engine, upgrade
 from conductor.traces.store import TraceStore
 from conductor_aggregator.executor import WorkflowExecutor
 from conductor_gateway.gateway import WorkerGateway
-from conductor_gateway.quotas import MemoryQuotas
 from conductor_gateway.registry import build_workers
-from conductor_gateway.settings import GatewaySettings
 from conductor_planner import ConductorPlanner
 from conductor_planner.backends import create_backend
 
@@ -65,13 +63,7 @@ async def open_embedded_runtime(
     if settings.planner_api_key_env:
         key_variables.append(settings.planner_api_key_env)
     store = TraceStore(db, secret_env_names=key_variables)
-    gateway_settings = GatewaySettings.load()
-    gateway = WorkerGateway(
-        pool,
-        workers,
-        quotas=MemoryQuotas(gateway_settings.quota_config()),
-        policy=gateway_settings.retry_policy(),
-    )
+    gateway = WorkerGateway.in_process(pool, workers)
     executor = WorkflowExecutor(
         planner=ConductorPlanner(backend),
         pool=pool,

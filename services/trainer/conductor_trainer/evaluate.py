@@ -113,18 +113,10 @@ async def open_runtime(
     planner: the same parts ``conductor serve`` runs."""
     from conductor.llamacpp import EngineOptions
     from conductor_gateway.gateway import WorkerGateway
-    from conductor_gateway.quotas import MemoryQuotas
     from conductor_gateway.registry import build_workers
-    from conductor_gateway.settings import GatewaySettings
 
     workers = await asyncio.to_thread(build_workers, pool, EngineOptions.from_settings(settings))
-    gateway_settings = GatewaySettings.load()
-    gateway = WorkerGateway(
-        pool,
-        workers,
-        quotas=MemoryQuotas(gateway_settings.quota_config()),
-        policy=gateway_settings.retry_policy(),
-    )
+    gateway = WorkerGateway.in_process(pool, workers)
     runtime = EvalRuntime(pool=pool, gateway=gateway, step_timeout_s=step_timeout_s)
     if any(s.kind is Kind.CONDUCTOR for s in strategies):
         from conductor_planner import ConductorPlanner

@@ -53,6 +53,20 @@ class WorkerGateway:
         self.quotas: QuotaStore = quotas if quotas is not None else MemoryQuotas()
         self.policy = policy or RetryPolicy()
 
+    @classmethod
+    def in_process(cls, pool: Pool, workers: Mapping[str, ChatWorker]) -> WorkerGateway:
+        """The embedded runtime's gateway: retry policy and quotas from the environment, the
+        quotas kept in this process's memory."""
+        from conductor_gateway.settings import GatewaySettings
+
+        settings = GatewaySettings.load()
+        return cls(
+            pool,
+            workers,
+            quotas=MemoryQuotas(settings.quota_config()),
+            policy=settings.retry_policy(),
+        )
+
     @property
     def worker_names(self) -> frozenset[str]:
         return frozenset(self.workers)

@@ -55,6 +55,7 @@ def eval_command(
     to resume an interrupted evaluation.
     """
     from conductor_trainer.evaluate import EvalOptions, evaluate
+    from conductor_trainer.results import ItemResult
 
     options = EvalOptions(
         suites=[s.strip() for s in suite.split(",") if s.strip()],
@@ -78,15 +79,20 @@ def eval_command(
         console=console,
     )
     task = progress.add_task("loading", total=None)
-    right = [0, 0]
+    right, done, total = 0, 0, 0
 
-    def started(total: int) -> None:
-        progress.update(task, total=total, description="running")
+    def started(jobs: int) -> None:
+        nonlocal total
+        total = jobs
+        progress.update(task, total=jobs, description="running")
 
-    def finished(result: object) -> None:
-        right[0] += bool(getattr(result, "correct", False))
-        right[1] += 1
-        progress.update(task, advance=1, description=f"right so far {right[0]}/{right[1]}")
+    def finished(result: ItemResult) -> None:
+        nonlocal right, done
+        right, done = right + result.correct, done + 1
+        progress.update(task, advance=1, description=f"right so far {right}/{done}")
+        # Without a terminal (CI, a log file) the bar is not drawn: a line every 5% instead.
+        if not console.is_terminal and (done == total or done % max(1, total // 20) == 0):
+            console.print(f"eval: {done}/{total} workflows, right so far {right}/{done}")
 
     with progress:
         outcome = asyncio.run(

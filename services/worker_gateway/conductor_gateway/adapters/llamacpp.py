@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from conductor.chat import ChatMessage, Completion
 from conductor.llamacpp import LlamaCppEngine
-from conductor.streaming import StreamEnd, StreamEvent, TextDelta
+from conductor.streaming import StreamEvent, one_delta_stream
 
 
 class LlamaCppWorker:
@@ -24,8 +24,8 @@ class LlamaCppWorker:
     ) -> AsyncIterator[StreamEvent]:
         # The embedded engine answers in one piece; a stream of one delta keeps the interface.
         completion = await self.complete(messages, max_tokens=max_tokens, temperature=temperature)
-        yield TextDelta(completion.text)
-        yield StreamEnd(completion.usage, completion.finish_reason, completion.model)
+        async for event in one_delta_stream(completion):
+            yield event
 
     async def aclose(self) -> None:
         """The engine is shared (planner, other workers on the same file) and stays loaded."""

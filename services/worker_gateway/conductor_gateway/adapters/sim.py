@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 from conductor.chat import ChatMessage, Completion
 from conductor.evaluation.sim import simulate
 from conductor.pool import SimProfile, WorkerSpec
-from conductor.streaming import StreamEnd, StreamEvent, TextDelta
+from conductor.streaming import StreamEvent, one_delta_stream
 
 
 class SimWorker:
@@ -35,8 +35,8 @@ class SimWorker:
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> AsyncIterator[StreamEvent]:
         completion = await self.complete(messages, max_tokens=max_tokens, temperature=temperature)
-        yield TextDelta(completion.text)
-        yield StreamEnd(completion.usage, completion.finish_reason, completion.model)
+        async for event in one_delta_stream(completion):
+            yield event
 
     async def aclose(self) -> None:
         """Nothing to release."""
