@@ -17,6 +17,7 @@ from conductor.cli.planner import planner
 from conductor.cli.pool import pool
 from conductor.cli.serve import api, serve
 from conductor.cli.stack import stack
+from conductor.cli.train import train_command
 from conductor.errors import ConductorError
 
 app = typer.Typer(
@@ -35,6 +36,7 @@ app.command()(stack)
 app.command()(serve)
 app.command()(api)
 app.command(name="eval")(eval_command)
+app.command(name="train")(train_command)
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
 

@@ -1,0 +1,73 @@
+"""Training metrics: one JSON line per logged step, and the curve drawn from them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# TRL's names for what the curve shows (reward of our one reward function, and the metrics the
+# reward logs through ``log_metric``).
+REWARD = "reward"
+FORMAT_VALID = "format_valid"
+STEPS_PER_PLAN = "steps_per_plan"
+ACCURACY = "accuracy"
+
+
+class MetricsFile:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.write_text("", encoding="utf-8")
+
+    def write(self, step: int, logs: dict[str, Any]) -> None:
+        row = {"step": step, **{k: v for k, v in logs.items() if isinstance(v, int | float)}}
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def callback(self, transformers: Any) -> Any:
+        """A transformers TrainerCallback that appends each log to the file."""
+        outer = self
+
+        class WriteMetrics(transformers.TrainerCallback):  # type: ignore[misc]
+            def on_log(
+                self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any
+            ) -> None:
+                if logs and REWARD in logs:
+                    outer.write(int(state.global_step), logs)
+
+        return WriteMetrics()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def plot_training_curve(metrics_path: Path, out: Path) -> None:
+    """Mean reward, format-valid rate and steps per plan against the training step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_path)
+    steps = [r["step"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    for key, label in (
+        (REWARD, "mean reward"),
+        (FORMAT_VALID, "format-valid rate"),
+        (ACCURACY, "accuracy"),
+    ):
+        values = [r.get(key) for r in rows]
+        if any(v is not None for v in values):
+            left.plot(steps, values, marker="o", markersize=3, label=label)
+    left.set_xlabel("training step")
+    left.set_ylim(-0.02, 1.02)
+    left.legend()
+    left.grid(True, alpha=0.3)
+    right.plot(steps, [r.get(STEPS_PER_PLAN, 0) for r in rows], marker="o", markersize=3)
+    right.set_xlabel("training step")
+    right.set_ylabel("worker steps per valid plan")
+    right.grid(True, alpha=0.3)
+    fig.suptitle("Conductor GRPO training")
+    fig.savefig(out, dpi=120)
+    plt.close(fig)

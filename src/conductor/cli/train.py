@@ -1,0 +1,68 @@
+"""``conductor train``: teach the Conductor to orchestrate with GRPO on live rollouts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from conductor.settings import get_settings
+
+
+def train_command(
+    suite: str = typer.Option(
+        "gsm8k", "--suite", "-s", help="Comma-separated suites to train on (as conductor eval)."
+    ),
+    pool: str = typer.Option(
+        "sim", "--pool", help="'sim' (the built-in simulated pool) or a pool YAML file."
+    ),
+    out: str = typer.Option("train-out", "--out", "-o", help="Output directory."),
+    steps: int = typer.Option(20, "--steps", min=1, help="Optimizer steps (the paper: 200)."),
+    questions: int = typer.Option(
+        2, "--questions-per-step", min=1, help="Questions per step (the paper: 4)."
+    ),
+    group: int = typer.Option(
+        4, "--group-size", min=2, help="Samples per question (the paper: 64)."
+    ),
+    learning_rate: float = typer.Option(1e-6, "--lr", help="AdamW learning rate (cosine)."),
+    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
+    max_tokens: int = typer.Option(
+        384, "--max-tokens", min=16, help="Longest Conductor output (the paper: 1024)."
+    ),
+    items: int = typer.Option(200, "--items", min=1, help="Training items per suite."),
+    randomized_pools: bool = typer.Option(
+        False, "--randomized-pools", help="Show each question a random subset of the workers."
+    ),
+    base_model: str | None = typer.Option(
+        None, "--base-model", help="A checkpoint dir, GGUF file or hub id (default: SmolLM2)."
+    ),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Train the Conductor with GRPO: each sampled plan runs on the pool and is verified
+    (reward 0 unparseable, 0.5 wrong, 1 right). Writes OUT/checkpoint (served by the planner's
+    transformers backend), OUT/metrics.jsonl and OUT/training_curve.png."""
+    from conductor_trainer.train import TrainOptions, train
+
+    options = TrainOptions(
+        suites=[s.strip() for s in suite.split(",") if s.strip()],
+        pool=pool,
+        out=Path(out),
+        steps=steps,
+        questions_per_step=questions,
+        group_size=group,
+        learning_rate=learning_rate,
+        temperature=temperature,
+        max_completion_tokens=max_tokens,
+        items_per_suite=items,
+        randomized_pools=randomized_pools,
+        base_model=base_model,
+        seed=seed,
+    )
+    outcome = train(options, get_settings())
+    typer.echo(f"trained on {outcome.train_items} items; checkpoint: {outcome.checkpoint}")
+    typer.echo(f"metrics: {outcome.metrics}")
+    typer.echo(f"curve: {outcome.curve}")
+    typer.echo(
+        "serve it: CONDUCTOR_PLANNER_BACKEND=transformers "
+        f"CONDUCTOR_PLANNER_MODEL={outcome.checkpoint} conductor serve"
+    )

@@ -1,0 +1,165 @@
+"""GRPO training: the method's reward on live rollouts, the data, and the loop end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conductor.evaluation.datasets import load_suite
+from conductor.evaluation.sim import builtin_sim_pool
+from conductor.pool import parse_pool
+from conductor_gateway.gateway import WorkerGateway
+from conductor_gateway.registry import build_workers
+from conductor_trainer.rollout import INVALID, RIGHT, WRONG, PlanRewarder
+from conductor_trainer.training_data import HELD_OUT_SHARE, is_held_out, pool_for, split_items
+
+POOL = parse_pool(
+    {
+        "workers": {
+            "never": {"provider": "sim", "model": "sim/never", "sim": {"default": 0.0}},
+            "always": {"provider": "sim", "model": "sim/always", "sim": {"default": 1.0}},
+        }
+    }
+)
+ITEMS = {item.key: item for item in load_suite("gsm8k", limit=3, seed=0)}
+KEY = next(iter(ITEMS))
+
+
+def lists(model_ids: list[int], access: str = "[]") -> str:
+    subtasks = json.dumps(["Solve it."] * len(model_ids))
+    accesses = ", ".join([access] * len(model_ids))
+    return (
+        f"Reasoning first.\nmodel_id = {model_ids}\nsubtasks = {subtasks}\n"
+        f"access_list = [{accesses}]"
+    )
+
+
+@pytest.fixture
+def rewarder() -> PlanRewarder:
+    return PlanRewarder(POOL, WorkerGateway(POOL, build_workers(POOL)), ITEMS)
+
+
+@pytest.mark.parametrize(
+    ("text", "names", "expected"),
+    [
+        pytest.param("I would ask model 1.", ["never", "always"], INVALID, id="unparseable"),
+        pytest.param(lists([2]), ["never", "always"], INVALID, id="id-outside-the-pool"),
+        pytest.param(lists([0, 0, 0, 0, 0, 0]), ["never", "always"], INVALID, id="too-many"),
+        pytest.param(lists([0]), ["never", "always"], WRONG, id="well-formed-wrong"),
+        pytest.param(lists([1]), ["never", "always"], RIGHT, id="right"),
+        # Ids index the pool the prompt showed: with only "always" shown, 0 is "always".
+        pytest.param(lists([0]), ["always"], RIGHT, id="randomized-pool"),
+        pytest.param(lists([0, 1], '["all"]'), ["never", "always"], RIGHT, id="two-steps"),
+    ],
+)
+async def test_the_reward_is_the_methods(
+    rewarder: PlanRewarder, text: str, names: list[str], expected: float
+) -> None:
+    assert (await rewarder.score(text, KEY, names)).reward == expected
+
+
+async def test_the_reward_function_scores_a_batch_and_logs_its_metrics(
+    rewarder: PlanRewarder,
+) -> None:
+    logged: dict[str, float] = {}
+    rewards = await rewarder.reward_function()(
+        prompts=["p"] * 3,
+        completions=["nonsense", lists([0]), lists([0, 1], '["all"]')],
+        item_key=[KEY] * 3,
+        pool_names=[["never", "always"]] * 3,
+        log_metric=logged.__setitem__,
+    )
+    assert rewards == [INVALID, WRONG, RIGHT]
+    assert logged == {"format_valid": 2 / 3, "accuracy": 1 / 3, "steps_per_plan": 1.5}
+
+
+def test_held_out_items_are_a_stable_fifth_never_trained_on() -> None:
+    train, held = split_items(["gsm8k"], limit=None, seed=0)
+    assert len(held) / (len(train) + len(held)) == pytest.approx(HELD_OUT_SHARE, abs=0.03)
+    assert not {i.key for i in train} & {i.key for i in held}
+    assert all(is_held_out(i) for i in held)
+    limited, _ = split_items(["gsm8k"], limit=10, seed=0)
+    assert len(limited) == 10
+
+
+def test_randomized_pools_are_non_empty_subsets_in_pool_order() -> None:
+    pool = builtin_sim_pool()
+    names = [w.name for w in pool.workers]
+    shown = [pool_for(item, pool, randomized=True, seed=1) for item in load_suite("gsm8k")[:200]]
+    assert all(s and s == [n for n in names if n in s] for s in shown)
+    assert len({tuple(s) for s in shown}) > 5
+    assert pool_for(load_suite("gsm8k")[0], pool, randomized=False, seed=1) == names
+
+
+@pytest.mark.model
+def test_a_short_training_run_writes_a_checkpoint_the_planner_serves(tmp_path: Path) -> None:
+    """Two GRPO steps with tiny limits: the loop end to end, then the planner's transformers
+    backend loads the checkpoint and plans with it."""
+    out = tmp_path / "train"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from conductor.cli import main; main()",
+            "train",
+            "--pool",
+            "sim",
+            "--suite",
+            "gsm8k",
+            "--steps",
+            "2",
+            "--questions-per-step",
+            "1",
+            "--group-size",
+            "2",
+            "--max-tokens",
+            "48",
+            "--items",
+            "4",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all({"reward", "format_valid", "steps_per_plan"} <= set(r) for r in rows)
+    assert (out / "training_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "checkpoint" / "config.json").exists()
+    assert "quantization_config" not in json.loads((out / "checkpoint" / "config.json").read_text())
+    served = subprocess.run(
+        [sys.executable, "-c", SERVE_CHECKPOINT, str(out / "checkpoint")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert served.returncode == 0, served.stderr[-3000:]
+    assert served.stdout.startswith("plan ")
+
+
+SERVE_CHECKPOINT = """
+import asyncio, sys
+from conductor.ports import PlanRequest
+from conductor.workflow import PoolEntry
+from conductor_planner import ConductorPlanner
+from conductor_planner.backends.transformers import load_transformers_backend
+
+async def main() -> None:
+    backend = load_transformers_backend(sys.argv[1], device="cpu")
+    outcome = await ConductorPlanner(backend).plan(PlanRequest(
+        question="What is 2 + 2?", pool=[PoolEntry(name="a", description="any")],
+        max_steps=2, max_tokens=32))
+    print("plan", outcome.valid, len(outcome.plan.steps))
+    await backend.aclose()
+
+asyncio.run(main())
+"""
