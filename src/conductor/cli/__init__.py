@@ -17,6 +17,7 @@ from conductor.cli.planner import planner
 from conductor.cli.pool import pool
 from conductor.cli.serve import api, serve
 from conductor.cli.stack import stack
+from conductor.cli.traces import traces_app
 from conductor.cli.train import train_command
 from conductor.errors import ConductorError
 
@@ -39,6 +40,7 @@ app.command(name="eval")(eval_command)
 app.command(name="train")(train_command)
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
+app.add_typer(traces_app, name="traces")
 
 
 def main() -> None:
