@@ -163,3 +163,13 @@ async def main() -> None:
 
 asyncio.run(main())
 """
+
+
+def test_grpo_fields_pass_through_and_unknown_ones_are_refused() -> None:
+    from conductor.cli.train import grpo_fields
+    from conductor.errors import ConfigurationError
+
+    fields = grpo_fields(["use_vllm=true", "vllm_mode=colocate", "gradient_accumulation_steps=4"])
+    assert fields == {"use_vllm": True, "vllm_mode": "colocate", "gradient_accumulation_steps": 4}
+    with pytest.raises(ConfigurationError, match="KEY=VALUE"):
+        grpo_fields(["use_vllm"])

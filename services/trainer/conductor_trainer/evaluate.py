@@ -36,6 +36,7 @@ class EvalOptions:
     concurrency: int = 4
     fresh: bool = False
     step_timeout_s: float = 300.0
+    held_out: bool = False  # only items `conductor train` never trains on
     command: str = "conductor eval"
 
 
@@ -75,10 +76,7 @@ async def evaluate(
     strategies = parse_strategies(
         options.strategies, pool, load_variants(settings), seed=options.seed
     )
-    suites: dict[str, list[EvalItem]] = {
-        name: await asyncio.to_thread(load_suite, name, limit=options.limit, seed=options.seed)
-        for name in options.suites
-    }
+    suites = {name: await asyncio.to_thread(suite_items, name, options) for name in options.suites}
     fingerprint = {
         "pool": [w.snapshot() for w in pool.workers],
         "planner": planner_label(settings),
@@ -104,6 +102,15 @@ async def evaluate(
     names = {s.name for s in strategies}
     results = [r for r in store.load() if (r.suite, r.item_id) in wanted and r.strategy in names]
     return write_report(options, strategies, results, pool, pool_label, settings, len(jobs))
+
+
+def suite_items(name: str, options: EvalOptions) -> list[EvalItem]:
+    """The seeded sample of a suite, from its held-out share when asked."""
+    if not options.held_out:
+        return load_suite(name, limit=options.limit, seed=options.seed)
+    from conductor_trainer.training_data import is_held_out
+
+    return [i for i in load_suite(name, seed=options.seed) if is_held_out(i)][: options.limit]
 
 
 async def open_runtime(
@@ -151,6 +158,7 @@ def write_report(
         "planner": planner_label(settings) if uses_conductor else "not evaluated",
         "limit": options.limit,
         "seed": options.seed,
+        "held_out": options.held_out,
         "strategies": [s.name for s in strategies],
     }
     out = options.out

@@ -126,7 +126,8 @@ def render_markdown(
     lines += [
         f"- Pool: {meta['pool_label']} ({', '.join(meta['workers'])})",
         f"- Conductor: {meta['planner']}",
-        f"- Items per suite: at most {meta['limit']} (seed {meta['seed']})",
+        f"- Items per suite: at most {meta['limit']} (seed {meta['seed']})"
+        + (", from the held-out share training never sees" if meta.get("held_out") else ""),
         f"- Generated: {meta['generated_at']}",
         f"- Command: `{meta['command']}`",
         "",

@@ -9,6 +9,7 @@ do; every figure is an option. Distribution (several GPUs, DeepSpeed) is acceler
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -68,7 +69,11 @@ def _import_training() -> tuple[Any, Any, Any]:
 
 def grpo_config(options: TrainOptions, trl: Any, *, use_cpu: bool) -> Any:
     batch = options.questions_per_step * options.group_size
-    return trl.GRPOConfig(
+    fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    unknown = sorted(set(options.extra) - fields)
+    if unknown:
+        raise ConfigurationError(f"not GRPOConfig fields: {', '.join(unknown)}")
+    settings: dict[str, Any] = dict(
         output_dir=str(options.out / "trainer"),
         max_steps=options.steps,
         per_device_train_batch_size=batch,
@@ -86,8 +91,8 @@ def grpo_config(options: TrainOptions, trl: Any, *, use_cpu: bool) -> Any:
         use_cpu=use_cpu,
         seed=options.seed,
         disable_tqdm=False,
-        **options.extra,
     )
+    return trl.GRPOConfig(**{**settings, **options.extra})
 
 
 def unmark_gguf(model: Any) -> None:

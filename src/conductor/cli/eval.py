@@ -48,6 +48,9 @@ def eval_command(
     concurrency: int = typer.Option(4, "--concurrency", "-c", min=1, help="Workflows at once."),
     fresh: bool = typer.Option(False, "--fresh", help="Discard results cached in --out."),
     step_timeout: float = typer.Option(300.0, "--step-timeout", min=1, help="Seconds per step."),
+    held_out: bool = typer.Option(
+        False, "--held-out", help="Only items of the held-out share conductor train never uses."
+    ),
 ) -> None:
     """Evaluate strategies on benchmark suites; writes report.md, report.json and a PNG plot.
 
@@ -67,6 +70,7 @@ def eval_command(
         concurrency=concurrency,
         fresh=fresh,
         step_timeout_s=step_timeout,
+        held_out=held_out,
         command=shlex.join(["conductor", *sys.argv[1:]]),
     )
     console = Console(stderr=True, highlight=False)

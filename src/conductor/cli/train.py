@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
+from conductor.errors import ConfigurationError
 from conductor.settings import get_settings
 
 
@@ -37,6 +40,12 @@ def train_command(
         None, "--base-model", help="A checkpoint dir, GGUF file or hub id (default: SmolLM2)."
     ),
     seed: int = typer.Option(0, "--seed"),
+    grpo: list[str] = typer.Option(  # noqa: B008 (typer's way to declare a repeated option)
+        [],
+        "--grpo",
+        help="More GRPOConfig fields as KEY=VALUE (repeatable), e.g. use_vllm=true, "
+        "vllm_mode=colocate, bf16=true, gradient_accumulation_steps=4, deepspeed=ds.json.",
+    ),
 ) -> None:
     """Train the Conductor with GRPO: each sampled plan runs on the pool and is verified
     (reward 0 unparseable, 0.5 wrong, 1 right). Writes OUT/checkpoint (served by the planner's
@@ -57,6 +66,7 @@ def train_command(
         randomized_pools=randomized_pools,
         base_model=base_model,
         seed=seed,
+        extra=grpo_fields(grpo),
     )
     outcome = train(options, get_settings())
     typer.echo(f"trained on {outcome.train_items} items; checkpoint: {outcome.checkpoint}")
@@ -66,3 +76,17 @@ def train_command(
         "serve it: CONDUCTOR_PLANNER_BACKEND=transformers "
         f"CONDUCTOR_PLANNER_MODEL={outcome.checkpoint} conductor serve"
     )
+
+
+def grpo_fields(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; values read as JSON where they parse (true, 4, 0.5), else text."""
+    fields: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigurationError(f"--grpo {pair!r}: write KEY=VALUE")
+        try:
+            fields[key.strip()] = json.loads(value)
+        except ValueError:
+            fields[key.strip()] = value
+    return fields
