@@ -291,3 +291,24 @@ async def test_the_conductor_is_evaluated_on_the_sim_pool(tmp_path: Path) -> Non
     row = next(r for r in outcome.summary["suites"]["gsm8k"] if r["strategy"] == "conductor-mini")
     assert row["plan_valid_rate"] is not None
     assert outcome.summary["planner"].startswith("llamacpp")
+
+
+async def test_held_out_evaluation_scores_only_items_training_never_sees(tmp_path: Path) -> None:
+    from conductor.evaluation.datasets import load_suite
+    from conductor_trainer.training_data import is_held_out, split_items
+
+    options = EvalOptions(
+        suites=["gsm8k"],
+        limit=8,
+        strategies="single:sim-small",
+        pool="sim",
+        out=tmp_path / "out",
+        held_out=True,
+    )
+    outcome = await evaluate(options, settings(tmp_path))
+    items = {i.id: i for i in load_suite("gsm8k")}
+    assert len(outcome.results) == 8
+    assert all(is_held_out(items[r.item_id]) for r in outcome.results)
+    trained, _ = split_items(["gsm8k"], limit=None, seed=3)
+    assert not {r.item_id for r in outcome.results} & {i.id for i in trained}
+    assert "held-out share" in outcome.report_md.read_text()
