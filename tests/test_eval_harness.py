@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,8 @@ from conductor_trainer.evaluate import EvalOptions, EvalOutcome, evaluate
 from conductor_trainer.report import percentile, wilson
 from conductor_trainer.results import RESULTS_FILE
 from conductor_trainer.strategies import AGGREGATE, REVIEW, FixedPlanner, parse_strategies
+
+from fakes.cli import run_conductor
 
 POOL = builtin_sim_pool()
 NAMES = [w.name for w in POOL.workers]
@@ -220,27 +220,18 @@ async def test_hostile_code_is_contained_and_the_run_carries_on(tmp_path: Path) 
 
 def test_conductor_eval_command_writes_the_report(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from conductor.cli import main; main()",
-            "eval",
-            "--pool",
-            "sim",
-            "--suite",
-            "rg:chain_sum",
-            "--limit",
-            "4",
-            "--strategies",
-            "single:*,oracle",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    done = run_conductor(
+        "eval",
+        "--pool",
+        "sim",
+        "--suite",
+        "rg:chain_sum",
+        "--limit",
+        "4",
+        "--strategies",
+        "single:*,oracle",
+        "--out",
+        str(out),
     )
     assert done.returncode == 0, done.stderr
     assert f"report: {out / 'report.md'}" in done.stdout
@@ -251,23 +242,8 @@ def test_conductor_eval_command_writes_the_report(tmp_path: Path) -> None:
         "results.jsonl",
         "run.json",
     }
-    refused = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from conductor.cli import main; main()",
-            "eval",
-            "--pool",
-            "sim",
-            "--strategies",
-            "single:gpt-9",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    refused = run_conductor(
+        "eval", "--pool", "sim", "--strategies", "single:gpt-9", "--out", str(out), timeout=60
     )
     assert refused.returncode == 2
     assert "no worker 'gpt-9' in the pool" in refused.stderr

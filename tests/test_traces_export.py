@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from conductor.traces.store import TraceStore
 from conductor_aggregator.executor import WorkflowExecutor
 from conductor_planner import ConductorPlanner
 
+from fakes.cli import run_conductor
 from fakes.scripted import ScriptedBackend, ScriptedWorker, lists, named_pool, scripted_gateway
 
 NAMES = ["alpha", "beta"]
@@ -42,22 +41,8 @@ async def _run_workflows(url: str, outputs: list[str]) -> list[str]:
 
 
 def _export(url: str, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from conductor.cli import main; main()",
-            "traces",
-            "export",
-            "--out",
-            str(out),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "CONDUCTOR_DATABASE_URL": url},
+    return run_conductor(
+        "traces", "export", "--out", str(out), *args, env={"CONDUCTOR_DATABASE_URL": url}
     )
 
 

@@ -17,6 +17,8 @@ from conductor_gateway.registry import build_workers
 from conductor_trainer.rollout import INVALID, RIGHT, WRONG, PlanRewarder
 from conductor_trainer.training_data import HELD_OUT_SHARE, is_held_out, pool_for, split_items
 
+from fakes.cli import run_conductor
+
 POOL = parse_pool(
     {
         "workers": {
@@ -100,33 +102,25 @@ def test_a_short_training_run_writes_a_checkpoint_the_planner_serves(tmp_path: P
     """Two GRPO steps with tiny limits: the loop end to end, then the planner's transformers
     backend loads the checkpoint and plans with it."""
     out = tmp_path / "train"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from conductor.cli import main; main()",
-            "train",
-            "--pool",
-            "sim",
-            "--suite",
-            "gsm8k",
-            "--steps",
-            "2",
-            "--questions-per-step",
-            "1",
-            "--group-size",
-            "2",
-            "--max-tokens",
-            "48",
-            "--items",
-            "4",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    done = run_conductor(
+        "train",
+        "--pool",
+        "sim",
+        "--suite",
+        "gsm8k",
+        "--steps",
+        "2",
+        "--questions-per-step",
+        "1",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "48",
+        "--items",
+        "4",
+        "--out",
+        str(out),
         timeout=600,
-        check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
