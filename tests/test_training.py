@@ -167,3 +167,26 @@ def test_grpo_fields_pass_through_and_unknown_ones_are_refused() -> None:
     assert fields == {"use_vllm": True, "vllm_mode": "colocate", "gradient_accumulation_steps": 4}
     with pytest.raises(ConfigurationError, match="KEY=VALUE"):
         grpo_fields(["use_vllm"])
+
+
+def test_format_warmup_targets_are_valid_plans_for_the_pool_shown() -> None:
+    from conductor.protocol import ParseFailure, parse_plan, validate_plan
+    from conductor_trainer.warmup import format_examples
+
+    rows = [{"prompt": "p", "pool_names": ["a", "b", "c"][: 1 + i % 3]} for i in range(60)]
+    examples = format_examples(rows, max_steps=5, seed=0)
+    shapes = set()
+    for row, example in zip(rows, examples, strict=True):
+        parsed = parse_plan(example["completion"])
+        assert not isinstance(parsed, ParseFailure)
+        checked = validate_plan(
+            parsed,
+            pool_size=len(row["pool_names"]),
+            max_steps=5,
+            conductor_id=None,
+            allow_stop=False,
+        )
+        assert not checked.errors
+        assert checked.plan is not None
+        shapes.add(len(checked.plan.steps))
+    assert shapes == {1, 2, 3}

