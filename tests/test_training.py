@@ -14,6 +14,7 @@ from conductor.evaluation.sim import builtin_sim_pool
 from conductor.pool import parse_pool
 from conductor_gateway.gateway import WorkerGateway
 from conductor_gateway.registry import build_workers
+from conductor_trainer.metrics import read_metrics
 from conductor_trainer.rollout import INVALID, RIGHT, WRONG, PlanRewarder
 from conductor_trainer.training_data import HELD_OUT_SHARE, is_held_out, pool_for, split_items
 
@@ -138,6 +139,39 @@ def test_a_short_training_run_writes_a_checkpoint_the_planner_serves(tmp_path: P
     )
     assert served.returncode == 0, served.stderr[-3000:]
     assert served.stdout.startswith("plan ")
+    # Interrupted runs carry on from their last checkpoint: one more step, not three.
+    assert [p.name for p in (out / "trainer").glob("checkpoint-*")] == ["checkpoint-2"]
+    resumed = run_conductor(
+        "train",
+        "--pool",
+        "sim",
+        "--suite",
+        "gsm8k",
+        "--steps",
+        "3",
+        "--questions-per-step",
+        "1",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "48",
+        "--items",
+        "4",
+        "--out",
+        str(out),
+        "--save-every",
+        "1",
+        "--resume",
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    done = run_conductor("train", "--pool", "sim", "--out", str(tmp_path / "none"), "--resume")
+    assert done.returncode == 2
+    assert "--resume: no checkpoint under" in done.stderr
 
 
 SERVE_CHECKPOINT = """

@@ -15,9 +15,12 @@ ACCURACY = "accuracy"
 
 
 class MetricsFile:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, append: bool = False) -> None:
         self.path = path
-        path.write_text("", encoding="utf-8")
+        # A resumed run keeps the file: it redoes the steps after its last checkpoint and logs
+        # them again, so rows are de-duplicated by step when read (the last one counts).
+        if not (append and path.exists()):
+            path.write_text("", encoding="utf-8")
 
     def write(self, step: int, logs: dict[str, Any]) -> None:
         row = {"step": step, **{k: v for k, v in logs.items() if isinstance(v, int | float)}}
@@ -39,7 +42,9 @@ class MetricsFile:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    """One row per step, the last logged winning (a resumed run logs some steps again)."""
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    return sorted({row["step"]: row for row in rows}.values(), key=lambda row: row["step"])
 
 
 def plot_training_curve(metrics_path: Path, out: Path) -> None:

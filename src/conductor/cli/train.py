@@ -46,6 +46,12 @@ def train_command(
         help="Supervised steps on random valid plans before GRPO, for base models that never "
         "write the three lists (SmolLM2-135M: try 30).",
     ),
+    save_every: int = typer.Option(
+        10, "--save-every", min=0, help="Steps between resumable checkpoints (0: none)."
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Carry on from the last checkpoint in OUT/trainer."
+    ),
     seed: int = typer.Option(0, "--seed"),
     grpo: list[str] = typer.Option(  # noqa: B008 (typer's way to declare a repeated option)
         [],
@@ -74,6 +80,8 @@ def train_command(
         base_model=base_model,
         seed=seed,
         format_warmup_steps=format_warmup,
+        save_every=save_every,
+        resume=resume,
         extra=grpo_fields(grpo),
     )
     outcome = train(options, get_settings())
