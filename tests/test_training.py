@@ -98,19 +98,18 @@ def test_randomized_pools_are_non_empty_subsets_in_pool_order() -> None:
     assert pool_for(load_suite("gsm8k")[0], pool, randomized=False, seed=1) == names
 
 
-@pytest.mark.model
-def test_a_short_training_run_writes_a_checkpoint_the_planner_serves(tmp_path: Path) -> None:
-    """Two GRPO steps with tiny limits: the loop end to end, then the planner's transformers
-    backend loads the checkpoint and plans with it."""
-    out = tmp_path / "train"
-    done = run_conductor(
+def tiny_training_run(
+    out: Path, *, steps: int, resume: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`conductor train` with tiny limits on the sim pool, a checkpoint every step."""
+    return run_conductor(
         "train",
         "--pool",
         "sim",
         "--suite",
         "gsm8k",
         "--steps",
-        "2",
+        str(steps),
         "--questions-per-step",
         "1",
         "--group-size",
@@ -121,8 +120,19 @@ def test_a_short_training_run_writes_a_checkpoint_the_planner_serves(tmp_path: P
         "4",
         "--out",
         str(out),
+        "--save-every",
+        "1",
+        *(["--resume"] if resume else []),
         timeout=600,
     )
+
+
+@pytest.mark.model
+def test_a_short_training_run_writes_a_checkpoint_the_planner_serves(tmp_path: Path) -> None:
+    """Two GRPO steps with tiny limits: the loop end to end, then the planner's transformers
+    backend loads the checkpoint and plans with it."""
+    out = tmp_path / "train"
+    done = tiny_training_run(out, steps=2)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
@@ -141,29 +151,7 @@ def test_a_short_training_run_writes_a_checkpoint_the_planner_serves(tmp_path: P
     assert served.stdout.startswith("plan ")
     # Interrupted runs carry on from their last checkpoint: one more step, not three.
     assert [p.name for p in (out / "trainer").glob("checkpoint-*")] == ["checkpoint-2"]
-    resumed = run_conductor(
-        "train",
-        "--pool",
-        "sim",
-        "--suite",
-        "gsm8k",
-        "--steps",
-        "3",
-        "--questions-per-step",
-        "1",
-        "--group-size",
-        "2",
-        "--max-tokens",
-        "48",
-        "--items",
-        "4",
-        "--out",
-        str(out),
-        "--save-every",
-        "1",
-        "--resume",
-        timeout=600,
-    )
+    resumed = tiny_training_run(out, steps=3, resume=True)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
 

@@ -8,10 +8,10 @@ its text is never returned as a complete answer.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from conductor.chat import Completion, Usage
+from conductor.chat import ChatMessage, Completion, Usage
 from conductor.errors import StreamInterrupted
 
 
@@ -48,7 +48,18 @@ async def collect_stream(events: AsyncIterator[StreamEvent], provider: str) -> C
     )
 
 
-async def one_delta_stream(completion: Completion) -> AsyncIterator[StreamEvent]:
-    """A whole answer as a stream: for workers that answer in one piece (local engine, sim)."""
-    yield TextDelta(completion.text)
-    yield StreamEnd(completion.usage, completion.finish_reason, completion.model)
+class WholeAnswerStream:
+    """``stream`` for workers that answer in one piece (the local engine, the simulator): one
+    delta and the end, so callers that ask for a stream get the same interface."""
+
+    async def complete(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
+    ) -> Completion:
+        raise NotImplementedError
+
+    async def stream(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
+    ) -> AsyncIterator[StreamEvent]:
+        completion = await self.complete(messages, max_tokens=max_tokens, temperature=temperature)
+        yield TextDelta(completion.text)
+        yield StreamEnd(completion.usage, completion.finish_reason, completion.model)

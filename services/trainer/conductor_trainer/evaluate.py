@@ -51,12 +51,15 @@ class EvalOutcome:
 
 
 def resolve_pool(choice: str | None, settings: Settings) -> tuple[Pool, str]:
-    """The pool to evaluate and its label for the report."""
+    """The pool's callable workers (those without their key are left out, as when served)
+    and its label for the report."""
     if choice == "sim":
-        return builtin_sim_pool(), "sim (built-in simulated pool)"
-    if choice:
-        return load_pool_file(Path(choice)), choice
-    return load_pool(settings), str(settings.pool_file or "default pool")
+        pool, label = builtin_sim_pool(), "sim (built-in simulated pool)"
+    elif choice:
+        pool, label = load_pool_file(Path(choice)), choice
+    else:
+        pool, label = load_pool(settings), str(settings.pool_file or "default pool")
+    return Pool(workers=tuple(pool.available())), label
 
 
 def planner_label(settings: Settings) -> str:
@@ -70,9 +73,7 @@ async def evaluate(
     on_start: Callable[[int], None] = lambda total: None,
     on_result: Callable[[ItemResult], None] = lambda r: None,
 ) -> EvalOutcome:
-    full_pool, pool_label = resolve_pool(options.pool, settings)
-    callable_workers = tuple(full_pool.available())
-    pool = Pool(workers=callable_workers)  # workers without their key are left out, as served
+    pool, pool_label = resolve_pool(options.pool, settings)
     strategies = parse_strategies(
         options.strategies, pool, load_variants(settings), seed=options.seed
     )

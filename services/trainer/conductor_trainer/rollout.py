@@ -26,6 +26,7 @@ from conductor.profiles import MAX_STEPS_LIMIT, Profile
 from conductor.protocol import ParseFailure, parse_plan, validate_plan
 from conductor.workflow import Plan, PlanOutcome, StepKind, WorkflowStatus
 from conductor_aggregator.executor import WorkflowExecutor
+from conductor_trainer.strategies import given_outcome
 
 INVALID, WRONG, RIGHT = 0.0, 0.5, 1.0
 
@@ -46,14 +47,7 @@ class _GivenPlan:
         self.given, self.raw = given, raw
 
     async def plan(self, request: PlanRequest) -> PlanOutcome:
-        return PlanOutcome(
-            round=request.round,
-            raw_output=self.raw,
-            valid=True,
-            plan=self.given,
-            pool=request.pool,
-            backend="grpo-rollout",
-        )
+        return given_outcome(request, self.given, raw_output=self.raw, backend="grpo-rollout")
 
 
 class PlanRewarder:

@@ -162,6 +162,21 @@ def fixed_profile(strategy: Strategy, *, step_timeout_s: float) -> Profile:
     )
 
 
+def given_outcome(
+    request: PlanRequest, plan: Plan, *, raw_output: str, backend: str
+) -> PlanOutcome:
+    """A plan decided outside the Conductor (a baseline's, a sampled one being scored) as the
+    executor takes a planner's answer: valid, for the pool the request showed."""
+    return PlanOutcome(
+        round=request.round,
+        raw_output=raw_output,
+        valid=True,
+        plan=plan,
+        pool=request.pool,
+        backend=backend,
+    )
+
+
 class FixedPlanner:
     """A planner that writes a baseline's plan for every question (the Planner port)."""
 
@@ -172,12 +187,10 @@ class FixedPlanner:
 
     async def plan(self, request: PlanRequest) -> PlanOutcome:
         plan = self.plan_for(request.question, [e.name for e in request.pool])
-        return PlanOutcome(
-            round=request.round,
+        return given_outcome(
+            request,
+            plan,
             raw_output=plan.as_lists_text(),
-            valid=True,
-            plan=plan,
-            pool=request.pool,
             backend=f"baseline:{self.strategy.kind.value}",
         )
 

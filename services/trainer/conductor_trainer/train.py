@@ -131,8 +131,7 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
     from conductor_trainer.rollout import PlanRewarder
     from conductor_trainer.training_data import prompt_rows, split_items
 
-    full_pool, _ = resolve_pool(options.pool, settings)
-    pool = type(full_pool)(workers=tuple(full_pool.available()))
+    pool, _ = resolve_pool(options.pool, settings)
     train_items, held_out = split_items(
         options.suites, limit=options.items_per_suite, seed=options.seed
     )

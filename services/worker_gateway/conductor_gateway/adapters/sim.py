@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 from conductor.chat import ChatMessage, Completion
 from conductor.evaluation.sim import simulate
 from conductor.pool import SimProfile, WorkerSpec
-from conductor.streaming import StreamEvent, one_delta_stream
+from conductor.streaming import WholeAnswerStream
 
 
-class SimWorker:
+class SimWorker(WholeAnswerStream):
     def __init__(self, name: str, model: str, profile: SimProfile) -> None:
         self.name = name
         self.model = model
@@ -30,13 +30,6 @@ class SimWorker:
         return Completion(
             text=answer.text, usage=answer.usage, model=self.model, finish_reason="stop"
         )
-
-    async def stream(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
-    ) -> AsyncIterator[StreamEvent]:
-        completion = await self.complete(messages, max_tokens=max_tokens, temperature=temperature)
-        async for event in one_delta_stream(completion):
-            yield event
 
     async def aclose(self) -> None:
         """Nothing to release."""
