@@ -13,8 +13,8 @@ from conductor.profiles import BUILTIN_PROFILES
 from conductor.settings import Settings
 from conductor.workflow import ALL
 from conductor_trainer.evaluate import EvalOptions, EvalOutcome, evaluate
-from conductor_trainer.report import percentile, wilson
-from conductor_trainer.results import RESULTS_FILE
+from conductor_trainer.report import percentile, summarize, wilson
+from conductor_trainer.results import RESULTS_FILE, ItemResult
 from conductor_trainer.strategies import AGGREGATE, REVIEW, FixedPlanner, parse_strategies
 
 from fakes.cli import run_conductor
@@ -99,6 +99,29 @@ def test_report_statistics() -> None:
     assert wilson(0, 0) == (0.0, 0.0)
     assert percentile([1, 2, 3, 4], 0.5) == 2.5
     assert percentile([5.0], 0.95) == 5.0
+
+
+def test_the_report_gives_the_methods_mean_reward() -> None:
+    """0 for an invalid Conductor plan even when its fallback step was right, 0.5 wrong, 1
+    right; baselines' plans count as valid."""
+
+    def result(strategy: str, correct: bool, valid: bool | None) -> ItemResult:
+        return ItemResult(
+            suite="s", item_id=f"{strategy}{correct}{valid}", strategy=strategy,
+            correct=correct, status="completed", plan_valid=valid,
+        )  # fmt: skip
+
+    rows = [
+        result("conductor-mini", True, False),
+        result("conductor-mini", False, True),
+        result("conductor-mini", True, True),
+        result("single:sim-small", False, None),
+    ]
+    strategies = parse_strategies("conductor-mini,single:sim-small", POOL, BUILTIN_PROFILES)
+    by_name = {r.strategy: r for r in summarize(rows, strategies)["s"]}
+    assert by_name["conductor-mini"].mean_reward == pytest.approx((0 + 0.5 + 1) / 3)
+    assert by_name["conductor-mini"].accuracy == pytest.approx(2 / 3)
+    assert by_name["single:sim-small"].mean_reward == 0.5
 
 
 # -- runs on the simulated pool -------------------------------------------------------------

@@ -14,11 +14,20 @@ from conductor.evaluation.sim import builtin_sim_pool
 from conductor.pool import parse_pool
 from conductor_gateway.gateway import WorkerGateway
 from conductor_gateway.registry import build_workers
+from conductor_planner import ConductorPlanner
 from conductor_trainer.metrics import read_metrics
-from conductor_trainer.rollout import INVALID, RIGHT, WRONG, PlanRewarder
-from conductor_trainer.training_data import HELD_OUT_SHARE, is_held_out, pool_for, split_items
+from conductor_trainer.reward import INVALID, RIGHT, WRONG
+from conductor_trainer.rollout import PlanRewarder, RecursionStage
+from conductor_trainer.training_data import (
+    HELD_OUT_SHARE,
+    is_held_out,
+    pool_for,
+    prompt_rows,
+    split_items,
+)
 
 from fakes.cli import run_conductor
+from fakes.scripted import ScriptedBackend
 
 POOL = parse_pool(
     {
@@ -78,6 +87,128 @@ async def test_the_reward_function_scores_a_batch_and_logs_its_metrics(
     )
     assert rewards == [INVALID, WRONG, RIGHT]
     assert logged == {"format_valid": 2 / 3, "accuracy": 1 / 3, "steps_per_plan": 1.5}
+
+
+# -- the recursion stage ---------------------------------------------------------------------
+
+CONDUCTOR = 2  # the prompt lists the Conductor after the two workers
+STOP = "Nothing to add.\nmodel_id = []\nsubtasks = []\naccess_list = []"
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "expected", "recursed"),
+    [
+        # Answers reached in the first round earn a quarter of their reward...
+        pytest.param(lists([1]), STOP, RIGHT * 0.25, False, id="right-in-round-one"),
+        pytest.param(lists([0]), STOP, WRONG * 0.25, False, id="wrong-in-round-one"),
+        # ...recursing earns the final answer's whole reward.
+        pytest.param(lists([0, CONDUCTOR]), lists([1]), RIGHT, True, id="recursed-and-fixed"),
+        # The second round stops: the answer before the hand-back stands (never's, wrong).
+        pytest.param(lists([0, CONDUCTOR]), STOP, WRONG, True, id="recursed-then-stopped"),
+        pytest.param(lists([CONDUCTOR]), STOP, INVALID, False, id="conductor-first"),
+        pytest.param(lists([CONDUCTOR, 1]), STOP, INVALID, False, id="conductor-not-last"),
+    ],
+)
+async def test_the_recursion_stage_discounts_answers_of_the_first_round(
+    first: str, second: str, expected: float, recursed: bool
+) -> None:
+    later = ScriptedBackend([second])
+    rewarder = PlanRewarder(
+        POOL,
+        WorkerGateway(POOL, build_workers(POOL)),
+        ITEMS,
+        recursion=RecursionStage(ConductorPlanner(later)),
+    )
+    rollout = await rewarder.score(first, KEY, ["never", "always"])
+    assert rollout.reward == expected
+    assert rollout.recursed is recursed
+    # The later round was asked of the policy only when the plan handed back, and it saw the
+    # first round's plan.
+    assert len(later.requests) == (1 if recursed else 0)
+    if recursed:
+        prompt = " ".join(m.content for m in later.requests[0]["messages"])
+        assert "Solve it." in prompt
+
+
+async def test_the_recursion_stage_logs_how_often_plans_recurse() -> None:
+    rewarder = PlanRewarder(
+        POOL,
+        WorkerGateway(POOL, build_workers(POOL)),
+        ITEMS,
+        recursion=RecursionStage(ConductorPlanner(ScriptedBackend([lists([1])]))),
+    )
+    logged: dict[str, float] = {}
+    await rewarder.reward_function()(
+        prompts=["p"] * 2,
+        completions=[lists([1]), lists([0, CONDUCTOR])],
+        item_key=[KEY] * 2,
+        pool_names=[["never", "always"]] * 2,
+        log_metric=logged.__setitem__,
+    )
+    assert logged["recursion_rate"] == 0.5
+
+
+@pytest.mark.model
+async def test_the_policy_plans_the_recursion_round_with_the_model_being_trained() -> None:
+    """PolicyPlanner wraps the in-memory model (no reload) and answers a second-round request
+    the way the served planner would: a valid plan, or a stop when its output is invalid."""
+    import torch
+    import transformers
+
+    from conductor.machine import CONDUCTOR_ENTRY
+    from conductor.ports import PlanRequest, PriorRound
+    from conductor.workflow import Plan, PlanStep, PoolEntry
+    from conductor_planner.backends.transformers import resolve_model
+    from conductor_trainer.rollout import PolicyPlanner
+
+    source = resolve_model(None)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs())
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        source.path, dtype=torch.float32, **source.load_kwargs()
+    )
+    policy = PolicyPlanner(model, tokenizer)
+    first = Plan(steps=(PlanStep(model_id=0, subtask="Solve it."),))
+    outcome = await policy.plan(
+        PlanRequest(
+            question="What is 2 + 2?",
+            pool=[PoolEntry(name="a", description="any"), CONDUCTOR_ENTRY],
+            max_steps=2,
+            round=1,
+            prior=PriorRound(plan=first, answers=["5"], last_answer="5"),
+            max_tokens=24,
+        )
+    )
+    await policy.aclose()
+    assert outcome.round == 1
+    assert outcome.backend == "transformers"
+    assert outcome.raw_output
+    assert outcome.valid or outcome.stop  # an invalid later round stops, keeping the answer
+
+
+class TemplateTokenizer:
+    """The one tokenizer method prompt_rows uses; the chat template is the model's concern."""
+
+    def apply_chat_template(self, messages: list[dict[str, str]], **_: object) -> str:
+        return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+def test_recursion_stage_prompts_list_the_conductor_after_the_workers() -> None:
+    items = list(ITEMS.values())[:1]
+    plain = prompt_rows(
+        items, POOL, TemplateTokenizer(), max_steps=5, randomized_pools=False, seed=0
+    )
+    offered = prompt_rows(
+        items,
+        POOL,
+        TemplateTokenizer(),
+        max_steps=5,
+        randomized_pools=False,
+        seed=0,
+        offer_conductor=True,
+    )
+    assert plain[0]["pool_names"] == offered[0]["pool_names"] == ["never", "always"]
+    assert "Model 2: the Conductor" not in plain[0]["prompt"]
+    assert "Model 2: the Conductor" in offered[0]["prompt"]
 
 
 def test_held_out_items_are_a_stable_fifth_never_trained_on() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from conductor_trainer.results import ItemResult
+from conductor_trainer.reward import method_reward
 from conductor_trainer.strategies import Kind, Strategy
 
 Z95 = 1.959964
@@ -30,6 +31,8 @@ class StrategyRow(BaseModel):
     latency_p95_s: float
     failed: int  # workflows that did not complete (counted as wrong)
     plan_valid_rate: float | None = None  # Conductor only
+    # The training reward (0 invalid plan / 0.5 wrong / 1 right); baselines' plans are valid.
+    mean_reward: float = 0.0
 
 
 def wilson(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -108,6 +111,11 @@ def _row(name: str, kind: Kind, rows: list[ItemResult]) -> StrategyRow:
         latency_p95_s=percentile(latencies, 0.95),
         failed=sum(r.status != "completed" for r in rows),
         plan_valid_rate=sum(valid) / len(valid) if valid else None,
+        mean_reward=(
+            sum(method_reward(valid=r.plan_valid is not False, correct=r.correct) for r in rows) / n
+            if n
+            else 0.0
+        ),
     )
 
 
@@ -137,8 +145,8 @@ def render_markdown(
             f"## {suite}",
             "",
             "| strategy | accuracy | 95% CI | n | tokens/q | cost/q (USD) | steps/q "
-            "| latency p50 (s) | p95 (s) | failed | plan valid |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| latency p50 (s) | p95 (s) | failed | plan valid | reward |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in rows:
             valid = "" if r.plan_valid_rate is None else f"{r.plan_valid_rate:.0%}"
@@ -146,13 +154,16 @@ def render_markdown(
                 f"| {r.strategy} | {r.accuracy:.1%} | {r.ci95[0]:.1%} - {r.ci95[1]:.1%} | {r.n} "
                 f"| {r.tokens_per_question:,.0f} | {r.cost_per_question_usd:.6f} "
                 f"| {r.steps_per_question:.2f} | {r.latency_p50_s:.2f} | {r.latency_p95_s:.2f} "
-                f"| {r.failed} | {valid} |"
+                f"| {r.failed} | {valid} | {r.mean_reward:.3f} |"
             )
         lines.append("")
     lines += [
         "Accuracy is the share of items whose final answer the suite's verifier accepts; a "
         "workflow that failed counts as wrong. The oracle is, per item, the cheapest single "
-        "worker that was right (an upper bound for routing, not a strategy one can run).",
+        "worker that was right (an upper bound for routing, not a strategy one can run). "
+        "Reward is the method's training reward, averaged: 0 for a Conductor plan that does not "
+        "parse or validate, 0.5 for a wrong answer, 1 for a right one. An invalid plan is "
+        "replaced by one step on worker 0, so it can be right and still earn 0.",
         "",
     ]
     if plot_file:

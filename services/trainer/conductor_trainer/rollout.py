@@ -7,6 +7,14 @@ the configured pool, and the final answer verified, exactly as the method scores
 
 Rollouts of one batch run concurrently (the workers are slow I/O); simulated workers answer the
 item being scored (``simulating``).
+
+The recursion stage (``RecursionStage``) offers the Conductor itself as a worker: a sampled plan
+may end by handing back to it, and the next round is planned by the policy being trained, as it
+is at that moment. PAPER.md says only that the stage discounts "the first round's reward" by
+0.25; since GRPO normalises rewards within a group, a discount applied to every sample alike
+would change nothing, so we read it as: a workflow whose answer comes from the first round
+(the plan did not recurse) earns 0.25 x its reward, one that recursed earns its final answer's
+full reward. ``--first-round-discount 1`` turns the discount off.
 """
 
 from __future__ import annotations
@@ -15,20 +23,23 @@ import asyncio
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from conductor.errors import ConductorError, ConfigurationError
 from conductor.evaluation.items import EvalItem
 from conductor.evaluation.sim import simulating
 from conductor.evaluation.verify import verify
 from conductor.pool import Pool
-from conductor.ports import PlanRequest, StepRunner
+from conductor.ports import Planner, PlanRequest, StepRunner
 from conductor.profiles import MAX_STEPS_LIMIT, Profile
 from conductor.protocol import ParseFailure, parse_plan, validate_plan
 from conductor.workflow import Plan, PlanOutcome, StepKind, WorkflowStatus
 from conductor_aggregator.executor import WorkflowExecutor
+from conductor_trainer.reward import INVALID, method_reward
 from conductor_trainer.strategies import given_outcome
 
-INVALID, WRONG, RIGHT = 0.0, 0.5, 1.0
+if TYPE_CHECKING:
+    from conductor_planner import ConductorPlanner
 
 
 @dataclass(frozen=True)
@@ -38,16 +49,55 @@ class Rollout:
     correct: bool
     steps: int
     errors: tuple[str, ...] = ()
+    recursed: bool = False
+
+
+@dataclass(frozen=True)
+class RecursionStage:
+    """Plans may name the Conductor; ``planner`` writes the later round (the policy itself)."""
+
+    planner: Planner
+    first_round_discount: float = 0.25
+
+
+class PolicyPlanner:
+    """The Conductor planner on the model being trained, built at first use: by then the
+    trainer has moved the model to its device. Its generations are not trained on (GRPO here
+    trains the sampled first-round plan only)."""
+
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self._planner: ConductorPlanner | None = None
+
+    async def plan(self, request: PlanRequest) -> PlanOutcome:
+        if self._planner is None:
+            from conductor_planner import ConductorPlanner
+            from conductor_planner.backends.transformers import TransformersPlannerBackend
+
+            backend = TransformersPlannerBackend(
+                self.model, self.tokenizer, model_name="the policy being trained"
+            )
+            self._planner = ConductorPlanner(backend)
+        return await self._planner.plan(request)
+
+    async def aclose(self) -> None:
+        if self._planner is not None:
+            await self._planner.backend.aclose()
 
 
 class _GivenPlan:
-    """A planner that hands the executor the plan the policy sampled."""
+    """A planner that hands the executor the plan the policy sampled, then, in a recursion
+    round, asks ``later``."""
 
-    def __init__(self, given: Plan, raw: str) -> None:
-        self.given, self.raw = given, raw
+    def __init__(self, given: Plan, raw: str, later: Planner | None = None) -> None:
+        self.given, self.raw, self.later = given, raw, later
 
     async def plan(self, request: PlanRequest) -> PlanOutcome:
-        return given_outcome(request, self.given, raw_output=self.raw, backend="grpo-rollout")
+        if request.round == 0:
+            return given_outcome(request, self.given, raw_output=self.raw, backend="grpo-rollout")
+        if self.later is None:  # the profile offers no recursion without a later planner
+            raise ConductorError("a recursion round was asked for outside the recursion stage")
+        return await self.later.plan(request)
 
 
 class PlanRewarder:
@@ -62,37 +112,47 @@ class PlanRewarder:
         max_steps: int = MAX_STEPS_LIMIT,
         step_timeout_s: float = 120.0,
         seed: int = 0,
+        recursion: RecursionStage | None = None,
+        planner_max_tokens: int = 1024,
     ) -> None:
+        if recursion is not None and max_steps < 2:
+            raise ConfigurationError("the recursion stage needs plans of 2 steps or more")
         self.pool = pool
         self.gateway = gateway
         self.items = items
         self.max_steps = max_steps
         self.seed = seed
+        self.recursion = recursion
         self.profile = Profile(
             name="grpo-rollout",
             description="a sampled plan run for its reward",
             max_steps=max_steps,
-            recursion_rounds=0,
+            recursion_rounds=1 if recursion else 0,
+            planner_max_tokens=planner_max_tokens,
             step_timeout_s=step_timeout_s,
-            workflow_timeout_s=step_timeout_s * max_steps * 2,
+            # Room for a second round: fewer than twice the first plan's steps in all.
+            workflow_timeout_s=step_timeout_s * max_steps * (4 if recursion else 2),
         )
 
     async def score(self, text: str, item_key: str, pool_names: Sequence[str]) -> Rollout:
         parsed = parse_plan(text)
         if isinstance(parsed, ParseFailure):
             return Rollout(INVALID, False, False, 0, (parsed.reason,))
+        # In the recursion stage the prompt listed the Conductor after the workers.
+        conductor_id = len(pool_names) if self.recursion else None
         checked = validate_plan(
             parsed,
-            pool_size=len(pool_names),
+            pool_size=len(pool_names) + (1 if self.recursion else 0),
             max_steps=self.max_steps,
-            conductor_id=None,
+            conductor_id=conductor_id,
             allow_stop=False,
         )
         if checked.errors or checked.plan is None:
             return Rollout(INVALID, False, False, 0, tuple(checked.errors))
         item = self.items[item_key]
+        later = self.recursion.planner if self.recursion else None
         executor = WorkflowExecutor(
-            planner=_GivenPlan(checked.plan, text), pool=self.pool, gateway=self.gateway
+            planner=_GivenPlan(checked.plan, text, later), pool=self.pool, gateway=self.gateway
         )
         seed = int.from_bytes(hashlib.sha256(f"{self.seed}\0{text}".encode()).digest()[:4], "big")
         with simulating(item, seed):
@@ -102,7 +162,11 @@ class PlanRewarder:
                 and (await verify(item, result.answer)).correct
             )
         steps = sum(1 for s in result.steps if s.kind is StepKind.WORKER)
-        return Rollout(RIGHT if correct else WRONG, True, correct, steps)
+        recursed = len(result.planner_calls) > 1
+        reward = method_reward(valid=True, correct=correct)
+        if self.recursion and not recursed:
+            reward *= self.recursion.first_round_discount
+        return Rollout(reward, True, correct, steps, recursed=recursed)
 
     def reward_function(self) -> Callable[..., Any]:
         """The function GRPOTrainer calls (async: TRL runs it on its event loop thread)."""
@@ -122,16 +186,18 @@ class PlanRewarder:
                 )
             )
             if log_metric is not None:
-                log_metric_summary(log_metric, rollouts)
+                log_metric_summary(log_metric, rollouts, recursion=self.recursion is not None)
             return [r.reward for r in rollouts]
 
         return plan_reward
 
 
 def log_metric_summary(
-    log_metric: Callable[[str, float], None], rollouts: Sequence[Rollout]
+    log_metric: Callable[[str, float], None], rollouts: Sequence[Rollout], *, recursion: bool
 ) -> None:
     valid = [r for r in rollouts if r.valid]
     log_metric("format_valid", len(valid) / len(rollouts))
     log_metric("accuracy", sum(r.correct for r in rollouts) / len(rollouts))
     log_metric("steps_per_plan", sum(r.steps for r in valid) / len(valid) if valid else 0.0)
+    if recursion:
+        log_metric("recursion_rate", sum(r.recursed for r in rollouts) / len(rollouts))

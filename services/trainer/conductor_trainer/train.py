@@ -9,6 +9,7 @@ do; every figure is an option. Distribution (several GPUs, DeepSpeed) is acceler
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import math
@@ -24,6 +25,7 @@ from conductor_trainer.evaluate import resolve_pool
 
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoint"
+WARMUP_CHECKPOINT_DIR = "warmup-checkpoint"  # the model after the format warm-up, before GRPO
 CURVE_FILE = "training_curve.png"
 TRAIN_INSTALL_HINT = "pip install 'conductor-orchestrator[transformers,eval,train]'"
 
@@ -47,6 +49,10 @@ class TrainOptions:
     save_every: int = 10  # steps between resumable checkpoints (OUT/trainer); 0: none
     resume: bool = False  # carry on from the last of those checkpoints
     format_warmup_lr: float = 5e-5
+    # The method's recursion stage (rollout.py): plans may hand back to the Conductor once,
+    # and answers reached in the first round earn their reward x first_round_discount.
+    recursion_stage: bool = False
+    first_round_discount: float = 0.25
     seed: int = 0
     step_timeout_s: float = 120.0
     extra: dict[str, Any] = field(default_factory=dict)  # more GRPOConfig fields, as given
@@ -115,6 +121,10 @@ def unmark_gguf(model: Any) -> None:
 
 def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
     """Train, then write the checkpoint, ``metrics.jsonl`` and the curve; blocking."""
+    if options.recursion_stage and options.max_plan_steps < 2:
+        raise ConfigurationError("the recursion stage needs plans of 2 steps or more")
+    if not 0 <= options.first_round_discount <= 1:
+        raise ConfigurationError("--first-round-discount must be between 0 and 1")
     if options.resume and not list((options.out / "trainer").glob("checkpoint-*")):
         raise ConfigurationError(
             f"--resume: no checkpoint under {options.out / 'trainer'} (runs save one every "
@@ -128,7 +138,7 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
     from conductor_gateway.registry import build_workers
     from conductor_planner.backends.transformers import resolve_model
     from conductor_trainer.metrics import MetricsFile, plot_training_curve
-    from conductor_trainer.rollout import PlanRewarder
+    from conductor_trainer.rollout import PlanRewarder, PolicyPlanner, RecursionStage
     from conductor_trainer.training_data import prompt_rows, split_items
 
     pool, _ = resolve_pool(options.pool, settings)
@@ -151,10 +161,12 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
         max_steps=options.max_plan_steps,
         randomized_pools=options.randomized_pools,
         seed=options.seed,
+        offer_conductor=options.recursion_stage,
     )
     gateway = WorkerGateway.in_process(
         pool, build_workers(pool, EngineOptions.from_settings(settings))
     )
+    policy = PolicyPlanner(model, tokenizer) if options.recursion_stage else None
     rewarder = PlanRewarder(
         pool,
         gateway,
@@ -162,6 +174,8 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
         max_steps=options.max_plan_steps,
         step_timeout_s=options.step_timeout_s,
         seed=options.seed,
+        recursion=RecursionStage(policy, options.first_round_discount) if policy else None,
+        planner_max_tokens=options.max_completion_tokens,
     )
     options.out.mkdir(parents=True, exist_ok=True)
     use_cpu = not torch.cuda.is_available()
@@ -178,6 +192,9 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
             use_cpu=use_cpu,
             seed=options.seed,
         )
+        # Kept so `conductor eval` can tell what GRPO added from what the warm-up taught.
+        model.save_pretrained(str(options.out / WARMUP_CHECKPOINT_DIR))
+        tokenizer.save_pretrained(str(options.out / WARMUP_CHECKPOINT_DIR))
     metrics = MetricsFile(options.out / METRICS_FILE, append=options.resume)
     trainer = trl.GRPOTrainer(
         model=model,
@@ -187,7 +204,11 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
         processing_class=tokenizer,
         callbacks=[metrics.callback(transformers)],
     )
-    trainer.train(resume_from_checkpoint=True if options.resume else None)
+    try:
+        trainer.train(resume_from_checkpoint=True if options.resume else None)
+    finally:
+        if policy is not None:
+            asyncio.run(policy.aclose())
     checkpoint = options.out / CHECKPOINT_DIR
     trainer.save_model(str(checkpoint))
     tokenizer.save_pretrained(str(checkpoint))

@@ -15,6 +15,7 @@ from typing import Any
 
 from conductor.evaluation.datasets import load_suite
 from conductor.evaluation.items import EvalItem
+from conductor.machine import CONDUCTOR_ENTRY
 from conductor.pool import Pool
 from conductor.ports import PlanFormat, PlanRequest
 from conductor.protocol import render_prompt
@@ -64,15 +65,19 @@ def prompt_rows(
     max_steps: int,
     randomized_pools: bool,
     seed: int,
+    offer_conductor: bool = False,
 ) -> list[dict[str, Any]]:
-    """Dataset rows for GRPOTrainer: the prompt text and what the reward needs to score it."""
+    """Dataset rows for GRPOTrainer: the prompt text and what the reward needs to score it.
+    ``offer_conductor`` lists the Conductor after the workers, as a variant with recursion
+    rounds does (the recursion stage)."""
     described = {w.name: w.description for w in pool.workers}
     rows = []
     for item in items:
         names = pool_for(item, pool, randomized=randomized_pools, seed=seed)
+        entries = [PoolEntry(name=n, description=described[n]) for n in names]
         request = PlanRequest(
             question=item.question,
-            pool=[PoolEntry(name=n, description=described[n]) for n in names],
+            pool=[*entries, CONDUCTOR_ENTRY] if offer_conductor else entries,
             max_steps=max_steps,
         )
         messages = [m.model_dump() for m in render_prompt(request, PlanFormat.LISTS)]

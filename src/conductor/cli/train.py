@@ -44,7 +44,20 @@ def train_command(
         "--format-warmup",
         min=0,
         help="Supervised steps on random valid plans before GRPO, for base models that never "
-        "write the three lists (SmolLM2-135M: try 30).",
+        "write the three lists (SmolLM2-135M: try 40).",
+    ),
+    recursion_stage: bool = typer.Option(
+        False,
+        "--recursion-stage",
+        help="The method's recursion stage (start it from a trained checkpoint with "
+        "--base-model): plans may hand back to the Conductor once, the policy plans that round.",
+    ),
+    first_round_discount: float = typer.Option(
+        0.25,
+        "--first-round-discount",
+        min=0.0,
+        max=1.0,
+        help="Recursion stage: reward factor for answers reached without recursing.",
     ),
     save_every: int = typer.Option(
         10, "--save-every", min=0, help="Steps between resumable checkpoints (0: none)."
@@ -82,6 +95,8 @@ def train_command(
         format_warmup_steps=format_warmup,
         save_every=save_every,
         resume=resume,
+        recursion_stage=recursion_stage,
+        first_round_discount=first_round_discount,
         extra=grpo_fields(grpo),
     )
     outcome = train(options, get_settings())
