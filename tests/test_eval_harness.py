@@ -311,3 +311,43 @@ async def test_held_out_evaluation_scores_only_items_training_never_sees(tmp_pat
     trained, _ = split_items(["gsm8k"], limit=None, seed=3)
     assert not {r.item_id for r in outcome.results} & {i.id for i in trained}
     assert "held-out share" in outcome.report_md.read_text()
+
+
+def test_compare_evals_puts_checkpoints_side_by_side(tmp_path: Path) -> None:
+    """scripts/compare_evals.py: one row per run for the Conductor strategy, per suite."""
+    import subprocess
+    import sys
+
+    def report(directory: Path, planner: str, accuracy: float, reward: float) -> None:
+        directory.mkdir()
+        row = {
+            "strategy": "conductor-grpo", "kind": "conductor", "n": 10, "correct": 5,
+            "accuracy": accuracy, "ci95": [0.2, 0.8], "tokens_per_question": 1234.0,
+            "cost_per_question_usd": 0.0, "steps_per_question": 1.5, "latency_p50_s": 1.0,
+            "latency_p95_s": 2.0, "failed": 0, "plan_valid_rate": 0.9, "mean_reward": reward,
+        }  # fmt: skip
+        single = {**row, "strategy": "single:sim-small", "kind": "single", "accuracy": 0.1}
+        document = {"planner": planner, "suites": {"gsm8k": [single, row]}}
+        (directory / "report.json").write_text(json.dumps(document))
+
+    report(tmp_path / "a", "transformers:base", 0.5, 0.7)
+    report(tmp_path / "b", "transformers:trained", 0.6, 0.8)
+    script = Path(__file__).parents[1] / "scripts" / "compare_evals.py"
+    done = subprocess.run(
+        [sys.executable, str(script), f"base={tmp_path / 'a'}", f"trained={tmp_path / 'b'}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert lines[1].startswith("| base | transformers:base | 10 | 50.0% | 20.0% - 80.0% | 0.700")
+    assert lines[2].startswith("| trained | transformers:trained | 10 | 60.0% |")
+    missing = subprocess.run(
+        [sys.executable, str(script), f"x={tmp_path / 'nowhere'}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert missing.returncode == 1
+    assert "report.json" in missing.stderr

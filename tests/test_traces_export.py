@@ -88,3 +88,38 @@ async def test_export_writes_prompt_output_reward_and_reference(
     assert bad.returncode == 2
     assert "not an ISO date" in bad.stderr
     assert not (tmp_path / "rows.jsonl.partial").exists()
+
+
+async def test_labelled_workflows_export_as_a_suite_training_reads(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """--as-suite: the reference label is the answer; unlabelled workflows are skipped."""
+    from conductor.evaluation.datasets import load_suite
+    from conductor.evaluation.items import AnswerKind
+
+    valid = lists([1], ["Solve it."], [[]])
+    labelled, plain, odd = await _run_workflows(sqlite_url, [valid, valid, valid])
+    engine = make_engine(sqlite_url)
+    table = WorkflowRow.__table__
+    with engine.begin() as conn:
+        for workflow, labels in (
+            (labelled, {"reference": "4", "kind": "math", "domain": "math"}),
+            (odd, {"reference": "4", "kind": "code"}),  # code needs tests: not exportable
+        ):
+            conn.execute(
+                update(table)  # type: ignore[arg-type]
+                .where(table.c.id == uuid.UUID(workflow))  # type: ignore[attr-defined]
+                .values(labels=labels)
+            )
+    engine.dispose()
+    out = tmp_path / "suite.jsonl"
+
+    done = _export(sqlite_url, out, "--as-suite")
+
+    assert done.returncode == 0, done.stderr
+    assert "exported 1 workflows" in done.stdout
+    assert "skipped 2" in done.stdout
+    items = load_suite(str(out))
+    assert [(i.id, i.answer, i.kind) for i in items] == [(labelled, "4", AnswerKind.MATH)]
+    assert items[0].question.startswith("What is 2+2?")
+    assert plain not in out.read_text()

@@ -24,10 +24,16 @@ def export(
         None, "--since", help="Only workflows created at or after this ISO date/time."
     ),
     limit: int | None = typer.Option(None, "--limit", min=1, help="At most this many rows."),
+    as_suite: bool = typer.Option(
+        False,
+        "--as-suite",
+        help="Write labelled workflows as suite items (question, reference answer, kind) for "
+        "`conductor train --suite F.jsonl` and `conductor eval --suite F.jsonl`.",
+    ),
 ) -> None:
     """Write one training row per finished workflow: the Conductor prompt, its output, the
     reward (feedback) when known, the pool, the question and the reference answer when known."""
-    from conductor.traces.export import export_rows
+    from conductor.traces.export import SUITE_KINDS, export_rows, suite_row
 
     try:
         start = datetime.fromisoformat(since) if since else None
@@ -38,16 +44,25 @@ def export(
     engine = make_engine(settings.database_url)
     target = Path(out)
     partial = target.with_name(target.name + ".partial")
-    count = 0
+    count = skipped = 0
     try:
         with partial.open("w", encoding="utf-8") as f:
             for row in export_rows(
                 engine, load_variants(settings), tenant=tenant, since=start, limit=limit
             ):
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                written = suite_row(row) if as_suite else row
+                if written is None:
+                    skipped += 1
+                    continue
+                f.write(json.dumps(written, ensure_ascii=False) + "\n")
                 count += 1
         os.replace(partial, target)  # readers never see half an export
     finally:
         partial.unlink(missing_ok=True)
         engine.dispose()
     typer.echo(f"exported {count} workflows from {redact_url(settings.database_url)} to {target}")
+    if skipped:
+        typer.echo(
+            f"skipped {skipped} without a 'reference' label or with a 'kind' label other than "
+            f"{' or '.join(SUITE_KINDS)}"
+        )

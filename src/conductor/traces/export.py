@@ -4,6 +4,10 @@ Each row carries the Conductor prompt (re-rendered from the question and the poo
 in the paper's three-lists form a trained checkpoint writes), its raw output and the same plan
 as canonical lists, the reward when one is known (the client's feedback, 0..1), and the
 reference answer when the workflow was labelled with one (label ``reference``).
+
+``suite_row`` turns a labelled workflow into a suite item (question, reference, kind) that
+``conductor train --suite F.jsonl`` trains on with live rollouts: the method's reward needs the
+plan executed and verified, which a recorded output with client feedback cannot give.
 """
 
 from __future__ import annotations
@@ -15,12 +19,15 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
+from conductor.evaluation.items import AnswerKind, Domain
 from conductor.ports import PlanFormat, PlanRequest
 from conductor.profiles import MAX_STEPS_LIMIT, Profile
 from conductor.protocol import render_prompt
 from conductor.traces.models import WorkflowRow
 from conductor.workflow import PlanOutcome
 
+# Kinds checked from a single reference string (choice needs choices, code needs tests).
+SUITE_KINDS = (AnswerKind.MATH.value, AnswerKind.EXACT.value)
 BATCH = 500  # rows fetched at a time: exports of millions of workflows stay in bounded memory
 
 
@@ -73,3 +80,19 @@ def training_row(row: WorkflowRow, variants: dict[str, Profile]) -> dict[str, An
         "reference": row.labels.get("reference"),
         "labels": row.labels,
     }
+
+
+def suite_row(row: dict[str, Any]) -> dict[str, Any] | None:
+    """An exported row as a suite item: the ``reference`` label is the answer, the ``kind``
+    label (math or exact; default exact) says how it is checked, ``domain`` is kept when
+    valid. None for a workflow without a usable reference."""
+    labels: dict[str, str] = row["labels"] or {}
+    reference = row["reference"]
+    kind = labels.get("kind", AnswerKind.EXACT.value)
+    if not isinstance(reference, str) or not reference.strip() or kind not in SUITE_KINDS:
+        return None
+    item = {"id": row["workflow_id"], "question": row["question"], "answer": reference}
+    item["kind"] = kind
+    if labels.get("domain") in {d.value for d in Domain}:
+        item["domain"] = labels["domain"]
+    return item
