@@ -3,8 +3,9 @@
     python scripts/compare_evals.py base=OUT_A warm-up=OUT_B trained=OUT_C [--strategy NAME]
 
 Reads each OUT/report.json and prints, per suite, one Markdown row per run for the Conductor
-strategy (the first Conductor variant found unless --strategy names one): accuracy with its 95%
-interval, the method's mean reward, the plan-valid rate, steps and tokens per question.
+strategy (--strategy; by default each run's most accurate Conductor variant, named in the
+row): accuracy with its 95% interval, the method's mean reward, the plan-valid rate, steps and
+tokens per question.
 """
 
 from __future__ import annotations
@@ -41,20 +42,22 @@ def render(runs: list[tuple[str, dict[str, Any]]], strategy: str | None) -> str:
         lines += [
             f"### {suite}",
             "",
-            "| run | planner | n | accuracy | 95% CI | mean reward | plan valid | steps/q "
-            "| tokens/q |",
-            "|---|---|---:|---:|---|---:|---:|---:|---:|",
+            "| run | planner | strategy | n | accuracy | 95% CI | mean reward | plan valid "
+            "| steps/q | tokens/q |",
+            "|---|---|---|---:|---:|---|---:|---:|---:|---:|",
         ]
         for label, report in runs:
             row = conductor_row(report["suites"].get(suite, []), strategy)
             if row is None:
-                lines.append(f"| {label} | {report['planner']} | - | - | - | - | - | - | - |")
+                lines.append(f"| {label} | {report['planner']} |{' - |' * 8}")
                 continue
             low, high = row["ci95"]
             valid = row["plan_valid_rate"]
+            reward = row.get("mean_reward")  # reports written before it was added lack it
             lines.append(
-                f"| {label} | {report['planner']} | {row['n']} | {row['accuracy']:.1%} "
-                f"| {low:.1%} - {high:.1%} | {row['mean_reward']:.3f} "
+                f"| {label} | {report['planner']} | {row['strategy']} | {row['n']} "
+                f"| {row['accuracy']:.1%} | {low:.1%} - {high:.1%} "
+                f"| {'-' if reward is None else f'{reward:.3f}'} "
                 f"| {'' if valid is None else f'{valid:.0%}'} | {row['steps_per_question']:.2f} "
                 f"| {row['tokens_per_question']:,.0f} |"
             )

@@ -341,8 +341,10 @@ def test_compare_evals_puts_checkpoints_side_by_side(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith("| ")]
-    assert lines[1].startswith("| base | transformers:base | 10 | 50.0% | 20.0% - 80.0% | 0.700")
-    assert lines[2].startswith("| trained | transformers:trained | 10 | 60.0% |")
+    assert lines[1].startswith(
+        "| base | transformers:base | conductor-grpo | 10 | 50.0% | 20.0% - 80.0% | 0.700"
+    )
+    assert lines[2].startswith("| trained | transformers:trained | conductor-grpo | 10 | 60.0% |")
     missing = subprocess.run(
         [sys.executable, str(script), f"x={tmp_path / 'nowhere'}"],
         capture_output=True,

@@ -96,21 +96,30 @@ STOP = "Nothing to add.\nmodel_id = []\nsubtasks = []\naccess_list = []"
 
 
 @pytest.mark.parametrize(
-    ("first", "second", "expected", "recursed"),
+    ("first", "second", "expected", "recursed", "handed_back"),
     [
         # Answers reached in the first round earn a quarter of their reward...
-        pytest.param(lists([1]), STOP, RIGHT * 0.25, False, id="right-in-round-one"),
-        pytest.param(lists([0]), STOP, WRONG * 0.25, False, id="wrong-in-round-one"),
+        pytest.param(lists([1]), STOP, RIGHT * 0.25, False, False, id="right-in-round-one"),
+        pytest.param(lists([0]), STOP, WRONG * 0.25, False, False, id="wrong-in-round-one"),
         # ...recursing earns the final answer's whole reward.
-        pytest.param(lists([0, CONDUCTOR]), lists([1]), RIGHT, True, id="recursed-and-fixed"),
-        # The second round stops: the answer before the hand-back stands (never's, wrong).
-        pytest.param(lists([0, CONDUCTOR]), STOP, WRONG, True, id="recursed-then-stopped"),
-        pytest.param(lists([CONDUCTOR]), STOP, INVALID, False, id="conductor-first"),
-        pytest.param(lists([CONDUCTOR, 1]), STOP, INVALID, False, id="conductor-not-last"),
+        pytest.param(lists([0, CONDUCTOR]), lists([1]), RIGHT, True, True, id="recursed-and-fixed"),
+        pytest.param(
+            lists([1, CONDUCTOR]), lists([0]), WRONG, True, True, id="recursed-and-spoiled"
+        ),
+        # A hand-back whose next round stops (or is invalid, which stops it) keeps the first
+        # round's answer: discounted, or ending every plan with the Conductor would pay 4x.
+        pytest.param(
+            lists([0, CONDUCTOR]), STOP, WRONG * 0.25, False, True, id="handed-back-stopped"
+        ),
+        pytest.param(
+            lists([1, CONDUCTOR]), "gibberish", RIGHT * 0.25, False, True, id="handed-back-invalid"
+        ),
+        pytest.param(lists([CONDUCTOR]), STOP, INVALID, False, False, id="conductor-first"),
+        pytest.param(lists([CONDUCTOR, 1]), STOP, INVALID, False, False, id="conductor-not-last"),
     ],
 )
 async def test_the_recursion_stage_discounts_answers_of_the_first_round(
-    first: str, second: str, expected: float, recursed: bool
+    first: str, second: str, expected: float, recursed: bool, handed_back: bool
 ) -> None:
     later = ScriptedBackend([second])
     rewarder = PlanRewarder(
@@ -124,8 +133,8 @@ async def test_the_recursion_stage_discounts_answers_of_the_first_round(
     assert rollout.recursed is recursed
     # The later round was asked of the policy only when the plan handed back, and it saw the
     # first round's plan.
-    assert len(later.requests) == (1 if recursed else 0)
-    if recursed:
+    assert len(later.requests) == (1 if handed_back else 0)
+    if handed_back:
         prompt = " ".join(m.content for m in later.requests[0]["messages"])
         assert "Solve it." in prompt
 
@@ -166,23 +175,38 @@ async def test_the_policy_plans_the_recursion_round_with_the_model_being_trained
     model = transformers.AutoModelForCausalLM.from_pretrained(
         source.path, dtype=torch.float32, **source.load_kwargs()
     )
+    base_generation = model.generation_config.to_dict()
     policy = PolicyPlanner(model, tokenizer)
     first = Plan(steps=(PlanStep(model_id=0, subtask="Solve it."),))
-    outcome = await policy.plan(
-        PlanRequest(
-            question="What is 2 + 2?",
-            pool=[PoolEntry(name="a", description="any"), CONDUCTOR_ENTRY],
-            max_steps=2,
-            round=1,
-            prior=PriorRound(plan=first, answers=["5"], last_answer="5"),
-            max_tokens=24,
-        )
+    request = PlanRequest(
+        question="What is 2 + 2?",
+        pool=[PoolEntry(name="a", description="any"), CONDUCTOR_ENTRY],
+        max_steps=2,
+        round=1,
+        prior=PriorRound(plan=first, answers=["5"], last_answer="5"),
+        max_tokens=24,
+        temperature=0,  # greedy: the same text whatever the mode, if the mode is right
     )
-    await policy.aclose()
+    model.eval()
+    outcome = await policy.plan(request)
     assert outcome.round == 1
     assert outcome.backend == "transformers"
     assert outcome.raw_output
     assert outcome.valid or outcome.stop  # an invalid later round stops, keeping the answer
+    # The checkpoint keeps the base model's generation settings.
+    assert model.generation_config.to_dict() == base_generation
+    # As during a GRPO step: train mode with gradient checkpointing (TRL's default), where
+    # generate would lose its cache. The generation mode plans exactly as in eval mode...
+    model.train()
+    model.activation_checkpointing_enable({"use_reentrant": False})
+    with policy.generation_mode():
+        assert not model.training
+        during_training = await policy.plan(request)
+    assert during_training.raw_output == outcome.raw_output
+    # ...and gives the model back to training as it was.
+    assert model.training
+    assert model.is_activation_checkpointing
+    await policy.aclose()
 
 
 class TemplateTokenizer:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -54,10 +55,12 @@ class Rollout:
 
 @dataclass(frozen=True)
 class RecursionStage:
-    """Plans may name the Conductor; ``planner`` writes the later round (the policy itself)."""
+    """Plans may name the Conductor; ``planner`` writes the later round (the policy itself).
+    ``generation_mode`` is entered around a batch's rollouts (the policy's inference mode)."""
 
     planner: Planner
     first_round_discount: float = 0.25
+    generation_mode: Callable[[], AbstractContextManager[None]] = nullcontext
 
 
 class PolicyPlanner:
@@ -65,8 +68,11 @@ class PolicyPlanner:
     trainer has moved the model to its device. Its generations are not trained on (GRPO here
     trains the sampled first-round plan only)."""
 
-    def __init__(self, model: Any, tokenizer: Any) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, *, checkpointing_kwargs: dict[str, Any] | None = None
+    ) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.checkpointing_kwargs = checkpointing_kwargs
         self._planner: ConductorPlanner | None = None
 
     async def plan(self, request: PlanRequest) -> PlanOutcome:
@@ -74,11 +80,36 @@ class PolicyPlanner:
             from conductor_planner import ConductorPlanner
             from conductor_planner.backends.transformers import TransformersPlannerBackend
 
+            # The backend sets its own sampling defaults on the model; the checkpoint keeps
+            # the base model's (every generate call here passes its config explicitly).
+            saved = self.model.generation_config
             backend = TransformersPlannerBackend(
                 self.model, self.tokenizer, model_name="the policy being trained"
             )
+            self.model.generation_config = saved
             self._planner = ConductorPlanner(backend)
         return await self._planner.plan(request)
+
+    @contextmanager
+    def generation_mode(self) -> Iterator[None]:
+        """Inference mode while rewards are computed (the training step waits for them):
+        generating in train mode with gradient checkpointing on drops the KV cache, and
+        ``generate`` would then see only its last token. TRL's own sampling does the same."""
+        model = self.model
+        was_training = model.training
+        # transformers 5 renamed gradient checkpointing to activation checkpointing.
+        renamed = hasattr(model, "activation_checkpointing_enable")
+        prefix = "activation" if renamed else "gradient"
+        checkpointing = bool(getattr(model, f"is_{prefix}_checkpointing"))
+        if checkpointing:
+            getattr(model, f"{prefix}_checkpointing_disable")()
+        model.eval()
+        try:
+            yield
+        finally:
+            if checkpointing:
+                getattr(model, f"{prefix}_checkpointing_enable")(self.checkpointing_kwargs)
+            model.train(was_training)
 
     async def aclose(self) -> None:
         if self._planner is not None:
@@ -162,7 +193,9 @@ class PlanRewarder:
                 and (await verify(item, result.answer)).correct
             )
         steps = sum(1 for s in result.steps if s.kind is StepKind.WORKER)
-        recursed = len(result.planner_calls) > 1
+        # Recursed: a later round's worker answered. A hand-back whose next round stopped (or
+        # was invalid, which stops it) leaves the first round's answer, discounted.
+        recursed = any(s.round > 0 and s.kind is StepKind.WORKER for s in result.steps)
         reward = method_reward(valid=True, correct=correct)
         if self.recursion and not recursed:
             reward *= self.recursion.first_round_discount
@@ -179,12 +212,14 @@ class PlanRewarder:
             log_metric: Callable[[str, float], None] | None = None,
             **_: Any,
         ) -> list[float]:
-            rollouts = await asyncio.gather(
-                *(
-                    self.score(text, key, names)
-                    for text, key, names in zip(completions, item_key, pool_names, strict=True)
+            mode = self.recursion.generation_mode() if self.recursion else nullcontext()
+            with mode:
+                rollouts = await asyncio.gather(
+                    *(
+                        self.score(text, key, names)
+                        for text, key, names in zip(completions, item_key, pool_names, strict=True)
+                    )
                 )
-            )
             if log_metric is not None:
                 log_metric_summary(log_metric, rollouts, recursion=self.recursion is not None)
             return [r.reward for r in rollouts]

@@ -166,7 +166,13 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
     gateway = WorkerGateway.in_process(
         pool, build_workers(pool, EngineOptions.from_settings(settings))
     )
-    policy = PolicyPlanner(model, tokenizer) if options.recursion_stage else None
+    use_cpu = not torch.cuda.is_available()
+    args = grpo_config(options, trl, use_cpu=use_cpu)
+    policy = (
+        PolicyPlanner(model, tokenizer, checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+        if options.recursion_stage
+        else None
+    )
     rewarder = PlanRewarder(
         pool,
         gateway,
@@ -174,11 +180,14 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
         max_steps=options.max_plan_steps,
         step_timeout_s=options.step_timeout_s,
         seed=options.seed,
-        recursion=RecursionStage(policy, options.first_round_discount) if policy else None,
+        recursion=(
+            RecursionStage(policy, options.first_round_discount, policy.generation_mode)
+            if policy
+            else None
+        ),
         planner_max_tokens=options.max_completion_tokens,
     )
     options.out.mkdir(parents=True, exist_ok=True)
-    use_cpu = not torch.cuda.is_available()
     if options.format_warmup_steps and not options.resume:  # a resumed run is past it
         from conductor_trainer.warmup import format_examples, warm_up
 
@@ -199,7 +208,7 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
     trainer = trl.GRPOTrainer(
         model=model,
         reward_funcs=[rewarder.reward_function()],
-        args=grpo_config(options, trl, use_cpu=use_cpu),
+        args=args,
         train_dataset=datasets.Dataset.from_list(rows),
         processing_class=tokenizer,
         callbacks=[metrics.callback(transformers)],

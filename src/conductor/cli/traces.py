@@ -61,6 +61,8 @@ def export(
         partial.unlink(missing_ok=True)
         engine.dispose()
     typer.echo(f"exported {count} workflows from {redact_url(settings.database_url)} to {target}")
+    if as_suite and not count:
+        typer.echo("warning: no labelled workflows: the suite file is empty", err=True)
     if skipped:
         typer.echo(
             f"skipped {skipped} without a 'reference' label or with a 'kind' label other than "
