@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,7 +89,8 @@ def grpo_config(options: TrainOptions, trl: Any, *, use_cpu: bool) -> Any:
         num_generations=options.group_size,
         learning_rate=options.learning_rate,
         lr_scheduler_type="cosine",
-        warmup_steps=math.ceil(0.03 * options.steps),
+        # 3% of the steps, rounded: ceil would give a short run a whole first step at LR 0.
+        warmup_steps=round(0.03 * options.steps),
         beta=0.0,  # no KL term
         loss_type="grpo",
         temperature=options.temperature,
