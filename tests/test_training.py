@@ -367,3 +367,22 @@ def test_format_warmup_targets_are_valid_plans_for_the_pool_shown() -> None:
         assert checked.plan is not None
         shapes.add(len(checked.plan.steps))
     assert shapes == {1, 2, 3}
+
+
+def test_the_curve_is_redrawn_at_each_checkpoint(tmp_path: Path) -> None:
+    """A run stopped between checkpoints still has its curve up to the last one."""
+    from types import SimpleNamespace
+
+    import transformers
+
+    from conductor_trainer.metrics import MetricsFile
+
+    curve = tmp_path / "curve.png"
+    callback = MetricsFile(tmp_path / "metrics.jsonl", curve=curve).callback(transformers)
+    state = SimpleNamespace(global_step=1)
+    callback.on_save(None, state, None)
+    assert not curve.exists()  # nothing logged yet: nothing to draw
+    logs = {"reward": 0.5, "format_valid": 1.0, "steps_per_plan": 1.0, "recursion_rate": 0.25}
+    callback.on_log(None, state, None, logs=logs)
+    callback.on_save(None, state, None)
+    assert curve.read_bytes()[:4] == b"\x89PNG"

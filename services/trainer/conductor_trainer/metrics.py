@@ -12,11 +12,13 @@ REWARD = "reward"
 FORMAT_VALID = "format_valid"
 STEPS_PER_PLAN = "steps_per_plan"
 ACCURACY = "accuracy"
+RECURSION_RATE = "recursion_rate"  # the recursion stage only
 
 
 class MetricsFile:
-    def __init__(self, path: Path, *, append: bool = False) -> None:
+    def __init__(self, path: Path, *, append: bool = False, curve: Path | None = None) -> None:
         self.path = path
+        self.curve = curve  # redrawn at every checkpoint: a run stopped early keeps its curve
         # A resumed run keeps the file: it redoes the steps after its last checkpoint and logs
         # them again, so rows are de-duplicated by step when read (the last one counts).
         if not (append and path.exists()):
@@ -37,6 +39,10 @@ class MetricsFile:
             ) -> None:
                 if logs and REWARD in logs:
                     outer.write(int(state.global_step), logs)
+
+            def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+                if outer.curve is not None and read_metrics(outer.path):
+                    plot_training_curve(outer.path, outer.curve)
 
         return WriteMetrics()
 
@@ -61,6 +67,7 @@ def plot_training_curve(metrics_path: Path, out: Path) -> None:
         (REWARD, "mean reward"),
         (FORMAT_VALID, "format-valid rate"),
         (ACCURACY, "accuracy"),
+        (RECURSION_RATE, "recursion rate"),
     ):
         values = [r.get(key) for r in rows]
         if any(v is not None for v in values):

@@ -204,7 +204,8 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
         # Kept so `conductor eval` can tell what GRPO added from what the warm-up taught.
         model.save_pretrained(str(options.out / WARMUP_CHECKPOINT_DIR))
         tokenizer.save_pretrained(str(options.out / WARMUP_CHECKPOINT_DIR))
-    metrics = MetricsFile(options.out / METRICS_FILE, append=options.resume)
+    curve = options.out / CURVE_FILE
+    metrics = MetricsFile(options.out / METRICS_FILE, append=options.resume, curve=curve)
     trainer = trl.GRPOTrainer(
         model=model,
         reward_funcs=[rewarder.reward_function()],
@@ -228,6 +229,5 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
         ),
         encoding="utf-8",
     )
-    curve = options.out / CURVE_FILE
     plot_training_curve(metrics.path, curve)
     return TrainOutcome(checkpoint, metrics.path, curve, len(train_items), held_out)
