@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import openai  # noqa: E402
 
-from conductor.keys import create_key  # noqa: E402
+from conductor_adapters.store.keys import create_key  # noqa: E402
 from conductor_api.service import Caller  # noqa: E402
 
 from fakes.api_server import LiveApi, scripted_service  # noqa: E402

@@ -36,8 +36,8 @@ import redis.asyncio as aioredis  # noqa: E402
 
 from conductor.chat import ChatMessage  # noqa: E402
 from conductor.pool import Pool, load_pool_file  # noqa: E402
-from conductor.stack import ServiceProcess  # noqa: E402
-from conductor_gateway.celery_app import create_celery  # noqa: E402
+from conductor_adapters.queue import new_celery_app  # noqa: E402
+from conductor_cli.local_stack import ServiceProcess  # noqa: E402
 from conductor_gateway.client import QueuedStepRunner  # noqa: E402
 from conductor_gateway.gateway import WorkerGateway  # noqa: E402
 from conductor_gateway.registry import build_workers  # noqa: E402
@@ -92,7 +92,7 @@ async def _in_process(pool: Pool, count: int) -> Run:
 
 
 async def _queued(pool: Pool, settings: GatewaySettings, count: int) -> Run:
-    app = create_celery(settings)
+    app = new_celery_app("conductor_benchmark_client", settings)
     client = aioredis.from_url(settings.redis_url)
     runner = QueuedStepRunner(app, pool, client, prefix=settings.redis_prefix, reply_timeout_s=120)
     try:

@@ -1,4 +1,4 @@
-"""Generate the Python code of the gRPC protocol: protos/conductor/v1/*.proto -> src/conductor/v1/.
+"""Generate the Python code of the gRPC protocol: protos/conductor/v1/ -> conductor_adapters.rpc.v1.
 
 Why commit generated code and keep a script for it: installing or importing Conductor then needs
 neither protoc nor grpcio-tools, gRPC users can read the typed stubs (``*_pb2.pyi``) next to the
@@ -13,12 +13,19 @@ Usage::
     python scripts/gen_protos.py --out DIR  # generate under DIR instead (e.g. for a test)
 
 Every run regenerates all of protos/ and first removes the previously generated files, so the
-code of a deleted .proto goes too. ``src/conductor/v1/__init__.py`` is kept by hand, not generated.
+code of a deleted .proto goes too. ``v1/__init__.py`` is kept by hand, not generated.
+
+protoc names the Python modules after the proto files' import paths (``conductor/v1/x.proto``
+imports ``from conductor.v1 import ...``), which would put the code in the domain package
+``conductor``. The code lives with the other gRPC adapters instead: the proto namespace
+directory (``conductor/``) is dropped from each generated path and imports between the generated
+modules are made relative, so the package works wherever it sits.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -28,7 +35,10 @@ from typing import NamedTuple
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROTO_ROOT = REPO_ROOT / "protos"
-DEFAULT_OUT = REPO_ROOT / "src"
+DEFAULT_OUT = REPO_ROOT / "src" / "conductor_adapters" / "rpc"
+# The first directory of every proto's import path: protoc's Python package root, dropped here.
+PROTO_NAMESPACE = "conductor"
+_GENERATED_IMPORT = re.compile(rb"^from " + PROTO_NAMESPACE.encode() + rb"\.(\w+) import ", re.M)
 # What protoc writes for each x.proto: x_pb2.py (messages), x_pb2.pyi (their type stubs) and
 # x_pb2_grpc.py (service stubs and servicers).
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
@@ -42,7 +52,7 @@ class GenerationError(RuntimeError):
 class StaleFile(NamedTuple):
     """A generated file whose committed copy does not match a fresh generation."""
 
-    path: str  # relative to the output root, e.g. "conductor/v1/common_pb2.py"
+    path: str  # relative to the output root, e.g. "v1/common_pb2.py"
     reason: str
 
     def __str__(self) -> str:
@@ -57,11 +67,11 @@ def proto_files(proto_root: Path = PROTO_ROOT) -> list[Path]:
 def generated_files(out: Path, proto_root: Path = PROTO_ROOT) -> dict[str, bytes]:
     """The generated files under ``out``, by path relative to it, with their contents.
 
-    Only the packages the protos live in are searched (``out/conductor`` for
-    ``protos/conductor``), so hand-written code elsewhere under ``out`` is never touched.
+    Only the packages the protos live in are searched (``out/v1`` for ``protos/conductor/v1``),
+    so hand-written code elsewhere under ``out`` is never touched.
     """
     found: dict[str, bytes] = {}
-    for top in sorted({proto.parts[0] for proto in proto_files(proto_root)}):
+    for top in sorted({_python_path(proto).parts[0] for proto in proto_files(proto_root)}):
         package = out / top
         if not package.is_dir():
             continue
@@ -83,6 +93,37 @@ def generate(out: Path = DEFAULT_OUT, proto_root: Path = PROTO_ROOT) -> list[str
     out.mkdir(parents=True, exist_ok=True)
     for stale in generated_files(out, proto_root):
         (out / stale).unlink()
+    with tempfile.TemporaryDirectory(prefix="protoc-") as tmp:
+        _run_protoc(Path(tmp), protos, proto_root)
+        for generated in sorted(Path(tmp).rglob("*")):
+            if not generated.is_file():
+                continue
+            relative = _python_path(generated.relative_to(tmp))
+            target = out / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(_relative_imports(generated.read_bytes(), relative.parts[0]))
+    return sorted(generated_files(out, proto_root))
+
+
+def _python_path(proto_path: Path) -> Path:
+    """Where the code of a proto-relative path goes: without the proto namespace directory."""
+    if proto_path.parts[0] != PROTO_NAMESPACE or len(proto_path.parts) < 2:
+        raise GenerationError(f"{proto_path}: protos must live under {PROTO_NAMESPACE}/")
+    return Path(*proto_path.parts[1:])
+
+
+def _relative_imports(code: bytes, package: str) -> bytes:
+    """``from conductor.v1 import x_pb2`` becomes ``from . import x_pb2`` within v1 (and
+    ``from ..v1 import`` from another version's package)."""
+
+    def relative(match: re.Match[bytes]) -> bytes:
+        target = match.group(1).decode()
+        return f"from {'.' if target == package else '..' + target} import ".encode()
+
+    return _GENERATED_IMPORT.sub(relative, code)
+
+
+def _run_protoc(out: Path, protos: list[Path], proto_root: Path) -> None:
     # Imported here, not at the top: importing grpc_tools.protoc installs import hooks that
     # compile .proto files on import, which only a generation run should bring in.
     from grpc_tools import protoc  # type: ignore[import-untyped]
@@ -102,7 +143,6 @@ def generate(out: Path = DEFAULT_OUT, proto_root: Path = PROTO_ROOT) -> list[str
         status = protoc.main(args)
     if status != 0:
         raise GenerationError(f"protoc failed with exit status {status} (see its messages above)")
-    return sorted(generated_files(out, proto_root))
 
 
 def stale_files(committed: Path, fresh: Path, proto_root: Path = PROTO_ROOT) -> list[StaleFile]:
@@ -132,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=Path,
         default=DEFAULT_OUT,
         metavar="DIR",
-        help="root to write the code under (default: src/ of this repository)",
+        help="root to write the code under (default: src/conductor_adapters/rpc/)",
     )
     parser.add_argument(
         "--check",

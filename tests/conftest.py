@@ -10,13 +10,32 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from conductor.traces.db import make_engine, normalize_url, redact_url
+from conductor_adapters.store.db import make_engine, normalize_url, redact_url, upgrade
 
 pytest_plugins = ["fakes.fixtures", "fakes.brokers"]
 
 DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+COSTLY = ("model", "training", "processes", "slow")
+
+
+@pytest.fixture(autouse=True)
+def _test_cache_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Caches (the llama.cpp prompt cache) go to the test session's directory, never the
+    user's; subprocesses inherit the variable."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The fast tier is what no cost marker excludes: ``pytest -m fast``."""
+    for item in items:
+        if not any(item.get_closest_marker(name) for name in COSTLY):
+            item.add_marker(pytest.mark.fast)
+
 
 # -- databases ------------------------------------------------------------------------------
 
@@ -27,16 +46,22 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'data' / 'conductor.db'}"
 
 
+def _server_url() -> str:
+    return os.environ.get("CONDUCTOR_TEST_POSTGRES_URL", DEFAULT_TEST_POSTGRES_URL)
+
+
 @contextmanager
-def _fresh_database() -> Iterator[str]:
-    """A fresh database ``conductor_test_<random>`` on the test server, dropped afterwards."""
-    server = os.environ.get("CONDUCTOR_TEST_POSTGRES_URL", DEFAULT_TEST_POSTGRES_URL)
+def _database(template: str | None = None) -> Iterator[str]:
+    """A new database ``conductor_test_<random>`` on the test server (a copy of ``template``
+    when given), dropped afterwards."""
+    server = _server_url()
     name = f"conductor_test_{uuid.uuid4().hex[:12]}"
     admin = make_engine(server).execution_options(isolation_level="AUTOCOMMIT")
+    copy = f' TEMPLATE "{template}"' if template else ""
     reason: str | None = None
     try:
         with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
+            conn.execute(text(f'CREATE DATABASE "{name}"{copy}'))
     except SQLAlchemyError as exc:
         admin.dispose()
         reason = str(getattr(exc, "orig", exc)).strip()
@@ -56,17 +81,27 @@ def _fresh_database() -> Iterator[str]:
         admin.dispose()
 
 
+@pytest.fixture(scope="session")
+def _migrated_template() -> Iterator[str]:
+    """A database migrated once per run. Test databases are copies of it: copying takes a
+    fraction of running the migrations again for every test."""
+    with _database() as url:
+        upgrade(url)
+        yield make_url(url).database or ""
+
+
 @pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A database of this test's own on the test PostgreSQL server."""
-    with _fresh_database() as url:
+def postgres_url(_migrated_template: str) -> Iterator[str]:
+    """A migrated database of this test's own on the test PostgreSQL server."""
+    with _database(_migrated_template) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
-def module_postgres_url() -> Iterator[str]:
-    """A database shared by the tests of one module (for costly set-ups such as a stack)."""
-    with _fresh_database() as url:
+def module_postgres_url(_migrated_template: str) -> Iterator[str]:
+    """A migrated database shared by the tests of one module (for costly set-ups such as a
+    stack)."""
+    with _database(_migrated_template) as url:
         yield url
 
 

@@ -1,4 +1,35 @@
-"""Errors users can act on. Each carries a message that says what to do."""
+"""Every error this project raises on purpose, in one tree. Each message says what to do.
+
+ConductorError
+├── ConfigurationError            settings, pool file or variants are wrong
+│   └── ModelNotFoundError        a model file or package is not installed
+├── InvalidRequest                the request itself is unacceptable (also a ValueError)
+├── DatabaseUnavailableError      the trace database did not answer in time at start-up
+├── ProcessStartError             a process of the local stack did not start
+├── PlannerError                  a Conductor (planner) call failed; ``retryable`` says if a
+│   ├── PlannerUnavailable            later call may succeed
+│   ├── PlannerTimeout
+│   ├── PlannerRejected
+│   └── PlannerCallFailed
+├── WorkerError                   one provider call failed (the gateway's retry policy keys
+│   ├── ProviderRejected              on the class and on ``retryable``)
+│   │   ├── ProviderAuthError
+│   │   └── QuotaExhausted
+│   ├── RateLimited
+│   ├── ProviderUnavailable
+│   │   └── StreamInterrupted
+│   ├── ProviderTimeout
+│   ├── MalformedResponse
+│   └── WorkerUnavailable
+└── StepCallFailed                every attempt of a step, fallbacks included, failed
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conductor.workflow import AttemptRecord
 
 
 class ConductorError(Exception):
@@ -6,7 +37,7 @@ class ConductorError(Exception):
 
 
 class ConfigurationError(ConductorError):
-    """Settings, pool file or profile are wrong; the message names the fix."""
+    """Settings, pool file or variant are wrong; the message names the fix."""
 
 
 class InvalidRequest(ConductorError, ValueError):
@@ -15,6 +46,45 @@ class InvalidRequest(ConductorError, ValueError):
 
 class ModelNotFoundError(ConfigurationError):
     """A model file or package the configuration needs is not installed."""
+
+
+class DatabaseUnavailableError(ConductorError):
+    """The database could not be reached within the start-up timeout."""
+
+
+class ProcessStartError(ConductorError):
+    """A process of the local stack did not start; the message carries the end of its log."""
+
+
+class PlannerError(ConductorError):
+    """A call to the Conductor planner failed. Not a WorkerError: the gateway's retries and
+    fallbacks are for worker calls; a failed planning round is retried by its driver."""
+
+    retryable: bool = False
+
+
+class PlannerUnavailable(PlannerError):
+    """The planner could not be reached, or is loading, draining or overloaded."""
+
+    retryable = True
+
+
+class PlannerTimeout(PlannerError):
+    """The planner did not answer within the call's deadline."""
+
+    retryable = True
+
+
+class PlannerRejected(PlannerError):
+    """The planner refused the request as invalid; sending it again will not help."""
+
+
+class PlannerCallFailed(PlannerError):
+    """The planner failed otherwise (an internal error, or an answer that does not parse)."""
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 class WorkerError(ConductorError):
@@ -79,3 +149,11 @@ class MalformedResponse(WorkerError):
 
 class WorkerUnavailable(WorkerError):
     """The worker is in the pool file but cannot be called here (no key, no adapter yet)."""
+
+
+class StepCallFailed(ConductorError):
+    """Every attempt of a step's call, fallbacks included, failed; ``attempts`` says how."""
+
+    def __init__(self, message: str, attempts: list[AttemptRecord]) -> None:
+        super().__init__(message)
+        self.attempts = attempts

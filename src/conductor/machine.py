@@ -1,19 +1,25 @@
 """The workflow state machine that both runtimes drive: plan, dispatch ready steps, recurse, end.
 
-It performs no I/O. A driver feeds it what happened (a plan arrived, a step answered, a
-deadline passed), asks ``advance()`` what to do next (request a plan, dispatch steps), and
-delivers the ``events`` it recorded. The embedded executor drives it from asyncio tasks; the
-distributed aggregator loads it from the database under a row lock for each queue message.
-Every transition checks that it still applies, so a duplicate or late delivery changes nothing.
+It performs no I/O, and it has one way in and one way out:
+
+- in: ``apply(fact)``, a typed fact of what happened (a plan arrived or failed, a step answered
+  or failed, deadlines passed, the workflow was aborted);
+- out: ``advance()``, the actions now due (request a plan, dispatch steps, send lost ones again),
+  and ``take_events()``, what the machine recorded, for observers and traces.
+
+The embedded executor drives it from asyncio tasks; the distributed aggregator loads it from
+the database under a row lock for each queue message. Every fact checks that it still applies,
+so a duplicate or late delivery changes nothing (``apply`` returns False).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field
 
 from conductor.chat import ChatMessage, Usage
 from conductor.orchestration import (
@@ -24,7 +30,7 @@ from conductor.orchestration import (
     round_limits,
 )
 from conductor.ports import PlanRequest, PriorRound, StepCallResult
-from conductor.profiles import Profile
+from conductor.variants import Variant
 from conductor.workflow import (
     AttemptRecord,
     PlanOutcome,
@@ -32,13 +38,12 @@ from conductor.workflow import (
     StepKind,
     StepRecord,
     StepStatus,
-    WorkflowResult,
+    WorkflowRecord,
     WorkflowStatus,
     attempts_total,
 )
 
 CONDUCTOR_ENTRY = PoolEntry(name=CONDUCTOR_WORKER, description="the Conductor", is_conductor=True)
-ACTIVE_STEP = (StepStatus.PENDING, StepStatus.RUNNING)
 MAX_SENDS = 2  # a step or plan request is sent at most this often before it fails
 
 
@@ -54,6 +59,14 @@ class EventKind(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
 
+    @property
+    def final(self) -> bool:
+        """The workflow's outcome: no event comes after it."""
+        return self in (EventKind.COMPLETED, EventKind.FAILED)
+
+
+FINAL_EVENT_KINDS = frozenset(k.value for k in EventKind if k.final)
+
 
 class MachineEvent(BaseModel):
     """Something that happened; its payload is read from the state when it is delivered."""
@@ -63,6 +76,58 @@ class MachineEvent(BaseModel):
     at: datetime
     step: int | None = None  # STEP_*: the step's global index
     round: int | None = None  # PLAN: the planning round
+    workers: list[str] | None = None  # STARTED: the workers offered, as the Conductor sees them
+
+
+# -- facts: what happened, applied by WorkflowMachine.apply -------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanReady:
+    """The Conductor answered a planning round (its plan may be invalid: the planner records
+    that and hands over the fallback plan)."""
+
+    round: int
+    outcome: PlanOutcome
+
+
+@dataclass(frozen=True)
+class PlanFailed:
+    """No plan came for a round (the planner failed or could not be reached)."""
+
+    round: int
+    error: str
+
+
+@dataclass(frozen=True)
+class StepSucceeded:
+    step: int
+    call: StepCallResult
+
+
+@dataclass(frozen=True)
+class StepFailed:
+    step: int
+    error: str
+    attempts: tuple[AttemptRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeadlinesPassed:
+    """The clock reached ``now``: lost steps and plan requests are sent again once, then fail;
+    a workflow past its own deadline fails."""
+
+    now: datetime
+
+
+@dataclass(frozen=True)
+class Aborted:
+    """The workflow ends without an answer (cancelled, timed out in its driver, or refused)."""
+
+    reason: str
+
+
+Fact = PlanReady | PlanFailed | StepSucceeded | StepFailed | DeadlinesPassed | Aborted
 
 
 class Dispatch(BaseModel):
@@ -85,19 +150,23 @@ Action = Dispatch | RequestPlan
 class WorkflowState(BaseModel):
     """Everything needed to resume a workflow: what the database keeps per workflow."""
 
-    result: WorkflowResult
-    profile: Profile
+    result: WorkflowRecord
+    # Stored states from before the rename say "profile".
+    variant: Variant = Field(validation_alias=AliasChoices("variant", "profile"))
     entries: list[PoolEntry]  # the workers the Conductor sees as Model 0..N-1
     planning_round: int | None = None  # a plan requested and not yet applied
     plan_requested_at: datetime | None = None
     plan_requests: int = 0  # sends of the current plan request
     dispatches: dict[int, int] = Field(default_factory=dict)  # step index -> sends
     dispatched_at: dict[int, datetime] = Field(default_factory=dict)  # step index -> last send
+    # Sends that passed deadlines call for; advance() issues them.
+    resend_plan: bool = False
+    resend_steps: list[int] = Field(default_factory=list)
     event_sequence: int = 0
 
     @property
     def finished(self) -> bool:
-        return self.result.status in (WorkflowStatus.COMPLETED, WorkflowStatus.FAILED)
+        return self.result.status.terminal
 
 
 class WorkflowMachine:
@@ -111,41 +180,65 @@ class WorkflowMachine:
         *,
         workflow_id: Any,
         question: str,
-        profile: Profile,
+        variant: Variant,
         entries: list[PoolEntry],
         created_at: datetime | None = None,
     ) -> WorkflowMachine:
-        result = WorkflowResult(
+        result = WorkflowRecord(
             workflow_id=workflow_id,
-            variant=profile.name,
+            variant=variant.name,
             question=question,
             status=WorkflowStatus.RUNNING,
             planner_calls=[],
             steps=[],
             created_at=created_at or utcnow(),
         )
-        machine = cls(WorkflowState(result=result, profile=profile, entries=entries))
-        machine._emit(EventKind.STARTED)
+        machine = cls(WorkflowState(result=result, variant=variant, entries=entries))
+        machine._emit(EventKind.STARTED, workers=[e.name for e in entries])
         return machine
 
     @property
-    def result(self) -> WorkflowResult:
+    def result(self) -> WorkflowRecord:
         return self.state.result
 
     def take_events(self) -> list[MachineEvent]:
+        """The events recorded since the last call, oldest first."""
         events, self.events = self.events, []
         return events
 
-    # -- what to do next --------------------------------------------------------------------
+    # -- the way in -------------------------------------------------------------------------
+
+    def apply(self, fact: Fact) -> bool:
+        """Apply what happened; False when it no longer applies (a duplicate or late delivery,
+        a finished workflow) and nothing changed."""
+        match fact:
+            case PlanReady(round=round_no, outcome=outcome):
+                return self._plan_ready(round_no, outcome)
+            case PlanFailed(round=round_no, error=error):
+                return self._plan_failed(round_no, error)
+            case StepSucceeded(step=index, call=call):
+                return self._step_succeeded(index, call)
+            case StepFailed(step=index, error=error, attempts=attempts):
+                return self._step_failed(index, error, list(attempts))
+            case DeadlinesPassed(now=now):
+                return self._deadlines_passed(now)
+            case Aborted(reason=reason):
+                return self._fail(reason)
+
+    # -- the way out ------------------------------------------------------------------------
 
     def advance(self) -> list[Action]:
-        """The actions the state calls for now, marked as issued (so never issued twice)."""
+        """The actions the state calls for now, marked as issued (so never issued twice):
+        sends that passed deadlines called for, then what the plan makes due."""
         state, result = self.state, self.state.result
-        if state.finished or state.planning_round is not None:
+        if state.finished:
             return []
+        actions = self._resends()
+        if state.planning_round is not None:
+            return actions
         if not result.planner_calls:
             if not state.entries:
-                self.fail("no worker in the pool can be called")
+                self._fail("no worker in the pool can be called")
                 return []
             return [self._request_plan(0)]
         round_no = result.planner_calls[-1].round
@@ -153,15 +246,16 @@ class WorkflowMachine:
         if not records:  # a plan that stopped: the last answer stands
             self._complete()
             return []
-        actions: list[Action] = [self._dispatch(s) for s in self._ready(records)]
-        if actions or any(s.kind is StepKind.WORKER and s.status in ACTIVE_STEP for s in records):
+        dispatches = [self._dispatch(s) for s in self._ready(records)]
+        actions.extend(dispatches)
+        if dispatches or any(s.kind is StepKind.WORKER and s.status.active for s in records):
             return actions
         last = records[-1]
         if last.kind is StepKind.CONDUCTOR and last.status is StepStatus.PENDING:
             request = self.plan_request(round_no + 1)
             if request.max_steps >= 1:
                 self._mark_started(last)
-                return [self._request_plan(round_no + 1, request)]
+                return [*actions, self._request_plan(round_no + 1, request)]
         self._complete()
         return []
 
@@ -173,7 +267,7 @@ class WorkflowMachine:
             for s in workers
             if s.status is StepStatus.PENDING and all(i in done for i in s.visible_steps)
         ]
-        if self.state.profile.parallel:
+        if self.state.variant.parallel:
             return ready
         if any(s.status is StepStatus.RUNNING for s in workers):
             return []
@@ -195,35 +289,40 @@ class WorkflowMachine:
         self.state.dispatched_at[index] = utcnow()
         return sends
 
-    def redispatch(self, index: int) -> Dispatch | None:
-        """Send a running step again (its message or its answer was lost)."""
-        step = self._step(index)
-        if self.state.finished or step is None or step.status is not StepStatus.RUNNING:
-            return None
-        messages = self._messages(step)
-        return Dispatch(
-            step=index, worker=step.worker, messages=messages, dispatch=self._count_send(index)
-        )
-
     def _request_plan(self, round_no: int, request: PlanRequest | None = None) -> RequestPlan:
         self.state.planning_round = round_no
         self.state.plan_requested_at = utcnow()
         self.state.plan_requests = 1
         return RequestPlan(round=round_no, request=request or self.plan_request(round_no))
 
-    def resend_plan(self) -> RequestPlan | None:
-        """Ask again for the plan being waited on (its request or its answer was lost)."""
-        if self.state.finished or self.state.planning_round is None:
-            return None
-        self.state.plan_requested_at = utcnow()
-        self.state.plan_requests += 1
-        round_no = self.state.planning_round
-        return RequestPlan(round=round_no, request=self.plan_request(round_no))
+    def _resends(self) -> list[Action]:
+        """Send again what passed its deadline (its message or its answer was lost)."""
+        state = self.state
+        actions: list[Action] = []
+        if state.resend_plan and state.planning_round is not None:
+            state.plan_requested_at = utcnow()
+            state.plan_requests += 1
+            round_no = state.planning_round
+            actions.append(RequestPlan(round=round_no, request=self.plan_request(round_no)))
+        for index in state.resend_steps:
+            step = self._step(index)
+            if step is not None and step.status is StepStatus.RUNNING:
+                sends = self._count_send(index)
+                actions.append(
+                    Dispatch(
+                        step=index,
+                        worker=step.worker,
+                        messages=self._messages(step),
+                        dispatch=sends,
+                    )
+                )
+        state.resend_plan, state.resend_steps = False, []
+        return actions
 
     def plan_request(self, round_no: int) -> PlanRequest:
         """What the Conductor is asked in a round: derived from the state, so any aggregator
         replica builds the same request."""
-        profile, result = self.state.profile, self.result
+        variant, result = self.state.variant, self.result
         steps_left = None
         prior = None
         if round_no > 0:
@@ -238,8 +337,8 @@ class WorkflowMachine:
                 last_answer=(records[-2].output or "") if len(records) >= 2 else "",
             )
         max_steps, offer = round_limits(
-            profile_max_steps=profile.max_steps,
-            rounds_left=profile.recursion_rounds - round_no,
+            variant_max_steps=variant.max_steps,
+            rounds_left=variant.recursion_rounds - round_no,
             steps_left=steps_left,
         )
         entries = self.state.entries
@@ -247,45 +346,49 @@ class WorkflowMachine:
             question=result.question,
             pool=[*entries, CONDUCTOR_ENTRY] if offer else list(entries),
             max_steps=max_steps,
+            workflow_max_steps=variant.max_steps,
             round=round_no,
             prior=prior,
-            temperature=profile.planner_temperature,
-            max_tokens=profile.planner_max_tokens,
+            temperature=variant.planner_temperature,
+            max_tokens=variant.planner_max_tokens,
         )
 
     # -- deadlines --------------------------------------------------------------------------
 
     def next_deadline(self) -> datetime | None:
         """When ``expire`` next has something to do: the database indexes this."""
-        state, profile = self.state, self.state.profile
+        state, variant = self.state, self.state.variant
         if state.finished:
             return None
-        step_timeout = timedelta(seconds=profile.step_timeout_s)
-        times = [self.result.created_at + timedelta(seconds=profile.workflow_timeout_s)]
+        step_timeout = timedelta(seconds=variant.step_timeout_s)
+        times = [self.result.created_at + timedelta(seconds=variant.workflow_timeout_s)]
         if state.planning_round is not None and state.plan_requested_at is not None:
             times.append(state.plan_requested_at + step_timeout)
         times.extend(self._sent_at(step) + step_timeout for step in self._running_workers())
         return min(times)
 
-    def expire(self, now: datetime) -> list[Action]:
-        """Act on passed deadlines: send a lost step or plan request once more, then fail it;
-        fail the workflow at its own deadline."""
-        state, profile = self.state, self.state.profile
+    def _deadlines_passed(self, now: datetime) -> bool:
+        """A lost step or plan request is sent once more (by the next ``advance``), then fails;
+        the workflow fails at its own deadline."""
+        state, variant = self.state, self.state.variant
         if state.finished:
-            return []
-        if now >= self.result.created_at + timedelta(seconds=profile.workflow_timeout_s):
-            self.fail(f"no answer within the workflow deadline of {profile.workflow_timeout_s:g} s")
-            return []
-        step_timeout = timedelta(seconds=profile.step_timeout_s)
-        actions: list[Action] = []
+            return False
+        if now >= self.result.created_at + timedelta(seconds=variant.workflow_timeout_s):
+            return self._fail(
+                f"no answer within the workflow deadline of {variant.workflow_timeout_s:g} s"
+            )
+        step_timeout = timedelta(seconds=variant.step_timeout_s)
+        changed = False
         requested = state.plan_requested_at
         if state.planning_round is not None and requested and now >= requested + step_timeout:
             if state.plan_requests < MAX_SENDS:
-                actions.extend(a for a in [self.resend_plan()] if a is not None)
+                changed = changed or not state.resend_plan
+                state.resend_plan = True
             else:
-                self.plan_failed(
+                changed = True
+                self._plan_failed(
                     state.planning_round,
-                    f"no plan within {profile.step_timeout_s:g} s, asked {state.plan_requests} "
+                    f"no plan within {variant.step_timeout_s:g} s, asked {state.plan_requests} "
                     "times",
                 )
         for step in self._running_workers():
@@ -293,14 +396,17 @@ class WorkflowMachine:
                 continue
             sends = state.dispatches.get(step.index, 0)
             if sends < MAX_SENDS:
-                actions.extend(a for a in [self.redispatch(step.index)] if a is not None)
+                if step.index not in state.resend_steps:
+                    state.resend_steps.append(step.index)
+                    changed = True
             else:
-                self.step_failed(
+                changed = True
+                self._step_failed(
                     step.index,
-                    f"no answer within {profile.step_timeout_s:g} s, sent {sends} times",
+                    f"no answer within {variant.step_timeout_s:g} s, sent {sends} times",
                     [],
                 )
-        return actions if not state.finished else []
+        return changed
 
     def _sent_at(self, step: StepRecord) -> datetime:
         """When a running step was last sent (every dispatch records it)."""
@@ -313,9 +419,9 @@ class WorkflowMachine:
             if s.kind is StepKind.WORKER and s.status is StepStatus.RUNNING
         ]
 
-    # -- what happened ----------------------------------------------------------------------
+    # -- transitions ------------------------------------------------------------------------
 
-    def plan_ready(self, round_no: int, outcome: PlanOutcome) -> bool:
+    def _plan_ready(self, round_no: int, outcome: PlanOutcome) -> bool:
         if self.state.finished or self.state.planning_round != round_no:
             return False
         self.state.planning_round = None
@@ -349,13 +455,13 @@ class WorkflowMachine:
             )
         return True
 
-    def plan_failed(self, round_no: int, error: str) -> bool:
+    def _plan_failed(self, round_no: int, error: str) -> bool:
         if self.state.finished or self.state.planning_round != round_no:
             return False
         self.state.planning_round = None
         conductor = self._conductor_step(round_no)
         if conductor is None:
-            self.fail(f"the Conductor failed to plan: {error}")
+            self._fail(f"the Conductor failed to plan: {error}")
             return True
         # The earlier round's answer stands; the failed review is recorded on its step.
         conductor.status, conductor.error = StepStatus.FAILED, error
@@ -363,7 +469,7 @@ class WorkflowMachine:
         self._complete()
         return True
 
-    def step_succeeded(self, index: int, call: StepCallResult) -> bool:
+    def _step_succeeded(self, index: int, call: StepCallResult) -> bool:
         step = self._running(index)
         if step is None:
             return False
@@ -373,7 +479,7 @@ class WorkflowMachine:
         self._mark_finished(step)
         return True
 
-    def step_failed(self, index: int, error: str, attempts: list[AttemptRecord]) -> bool:
+    def _step_failed(self, index: int, error: str, attempts: list[AttemptRecord]) -> bool:
         step = self._running(index)
         if step is None:
             return False
@@ -381,10 +487,10 @@ class WorkflowMachine:
         step.usage, step.cost_usd = attempts_total(attempts)
         step.status, step.error = StepStatus.FAILED, error
         self._mark_finished(step)
-        self.fail(f"step {step.index} ({step.worker}) failed: {error}")
+        self._fail(f"step {step.index} ({step.worker}) failed: {error}")
         return True
 
-    def fail(self, reason: str) -> bool:
+    def _fail(self, reason: str) -> bool:
         """End the workflow without an answer; steps still pending or running are cancelled."""
         if self.state.finished:
             return False
@@ -395,7 +501,7 @@ class WorkflowMachine:
     def _complete(self) -> None:
         worker_steps = [s for s in self.result.steps if s.kind is StepKind.WORKER]
         if not worker_steps:
-            self.fail("no step produced an answer")
+            self._fail("no step produced an answer")
             return
         # The last step's answer is the answer, even when it is empty.
         self.result.answer = worker_steps[-1].output or ""
@@ -405,7 +511,7 @@ class WorkflowMachine:
     def _end(self, kind: EventKind) -> None:
         self.state.planning_round = None
         for step in self.result.steps:
-            if step.status in ACTIVE_STEP:
+            if step.status.active:
                 step.status = StepStatus.CANCELLED
                 self._mark_finished(step)
         usage, cost = Usage(), 0.0
@@ -447,19 +553,28 @@ class WorkflowMachine:
             step.latency_ms = _ms(step.finished_at - step.started_at)
         self._emit(EventKind.STEP_FINISHED, step=step.index)
 
-    def _emit(self, kind: EventKind, *, step: int | None = None, round: int | None = None) -> None:
+    def _emit(
+        self,
+        kind: EventKind,
+        *,
+        step: int | None = None,
+        round: int | None = None,
+        workers: list[str] | None = None,
+    ) -> None:
         # Clients number the events they stream from 1; "started" is for traces only.
         if kind is not EventKind.STARTED:
             self.state.event_sequence += 1
         sequence = self.state.event_sequence if kind is not EventKind.STARTED else 0
         self.events.append(
-            MachineEvent(kind=kind, sequence=sequence, at=utcnow(), step=step, round=round)
+            MachineEvent(
+                kind=kind, sequence=sequence, at=utcnow(), step=step, round=round, workers=workers
+            )
         )
 
 
 def event_subject(
-    result: WorkflowResult, event: MachineEvent
-) -> PlanOutcome | StepRecord | WorkflowResult:
+    result: WorkflowRecord, event: MachineEvent
+) -> PlanOutcome | StepRecord | WorkflowRecord:
     """What an event is about: the plan of its round, its step, or the whole workflow."""
     if event.kind is EventKind.PLAN:
         return next(c for c in result.planner_calls if c.round == event.round)
@@ -469,7 +584,7 @@ def event_subject(
     return result
 
 
-def event_row(result: WorkflowResult, event: MachineEvent) -> dict[str, Any]:
+def event_row(result: WorkflowRecord, event: MachineEvent) -> dict[str, Any]:
     """A numbered event as the ``workflow_event`` table keeps it (what clients stream)."""
     return {
         "sequence": event.sequence,

@@ -8,21 +8,14 @@ a price (the gateway's pool file is the price table).
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from typing import Any, Generic, Self, TypeVar
+from typing import Self
 
-from celery import Celery
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from conductor.chat import ChatMessage
-from conductor.errors import ConfigurationError
 from conductor.pool import WorkerSpec
 from conductor.ports import StepCallResult
-from conductor.settings import BrokerSettings
 from conductor.workflow import AttemptRecord
-
-T = TypeVar("T")
 
 CALL_WORKER_TASK = "conductor.gateway.call_worker"
 AGGREGATOR_QUEUE = "aggregator"
@@ -73,74 +66,3 @@ class CallReply(BaseModel):
     error: str | None = None
     attempts: list[AttemptRecord] = Field(default_factory=list)
     context: StepContext | None = None
-
-
-def celery_config(settings: BrokerSettings) -> dict[str, Any]:
-    """What every Conductor Celery app shares (CONVENTIONS 8): JSON only, acks_late,
-    prefetch 1, no result backend (answers travel as messages)."""
-    if not settings.broker_url:
-        # Never fall back to eager mode silently: without a broker there is no distributed mode.
-        raise ConfigurationError(
-            "CONDUCTOR_BROKER_URL is not set: distributed mode needs a Celery broker "
-            "(redis://... or amqp://...)"
-        )
-    transport_options: dict[str, Any] = {}
-    if settings.broker_url.startswith(("redis://", "rediss://")):
-        transport_options = {
-            "visibility_timeout": settings.broker_visibility_timeout_s,
-            "global_keyprefix": settings.redis_prefix,
-        }
-    elif settings.broker_url.startswith(("amqp://", "amqps://", "pyamqp://")):
-        # The broker confirms each message before send_task returns: nothing is acked on the
-        # strength of a message that never reached it.
-        transport_options = {"confirm_publish": True}
-    return {
-        "broker_url": settings.broker_url,
-        "task_serializer": "json",
-        "accept_content": ["json"],
-        "result_serializer": "json",
-        "task_ignore_result": True,
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
-        "task_acks_on_failure_or_timeout": True,
-        "worker_prefetch_multiplier": 1,
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
-        "broker_connection_retry_on_startup": True,
-        "task_create_missing_queues": True,
-        "broker_transport_options": transport_options,
-        "worker_hijack_root_logger": False,
-        "task_publish_retry_policy": {
-            "max_retries": 30,
-            "interval_start": 0.2,
-            "interval_step": 0.5,
-            "interval_max": 3,
-        },
-    }
-
-
-def new_celery_app(name: str, settings: BrokerSettings) -> Celery:
-    app = Celery(name)
-    app.conf.update(celery_config(settings))
-    return app
-
-
-class OnFirstUse(Generic[T]):
-    """A process's heavy part (models, pools, clients), built by whichever task thread needs it
-    first, exactly once; built in the worker process, never at import."""
-
-    def __init__(self, build: Callable[[], T]) -> None:
-        self._build = build
-        self._value: T | None = None
-        self._lock = threading.Lock()
-
-    def __call__(self) -> T:
-        with self._lock:
-            if self._value is None:
-                self._value = self._build()
-            return self._value
-
-    def pop(self) -> T | None:
-        """The built part, now forgotten (for shutdown); None if it was never built."""
-        with self._lock:
-            value, self._value = self._value, None
-            return value

@@ -82,7 +82,7 @@ def recursion_budget(first_plan_steps: int) -> int:
 
 
 def round_limits(
-    *, profile_max_steps: int, rounds_left: int, steps_left: int | None
+    *, variant_max_steps: int, rounds_left: int, steps_left: int | None
 ) -> tuple[int, bool]:
     """Most steps the next plan may have, and whether its pool lists the Conductor.
 
@@ -91,6 +91,6 @@ def round_limits(
     an offering round keeps one step back for that next round.
     """
     if steps_left is None:
-        return profile_max_steps, rounds_left > 0 and profile_max_steps >= 2
+        return variant_max_steps, rounds_left > 0 and variant_max_steps >= 2
     offer = rounds_left > 0 and steps_left >= 3
-    return min(profile_max_steps, steps_left - 1 if offer else steps_left), offer
+    return min(variant_max_steps, steps_left - 1 if offer else steps_left), offer

@@ -25,7 +25,6 @@ from pydantic import (
 
 from conductor.chat import Usage
 from conductor.errors import ConfigurationError
-from conductor.evaluation.items import Domain
 
 LOCAL_WORKER_NAME = "smollm2-local"
 BUILTIN_SMOLLM2 = "builtin:smollm2"
@@ -39,7 +38,7 @@ class Provider(StrEnum):
     ANTHROPIC = "anthropic"
     GEMINI = "gemini"
     # A simulator, not an LLM: answers evaluation items right with per-domain probabilities
-    # (conductor.evaluation.sim). For evaluating and training orchestration at zero cost.
+    # (conductor_evaluation.sim). For evaluating and training orchestration at zero cost.
     SIM = "sim"
 
 
@@ -51,6 +50,16 @@ DEFAULT_BASE_URLS: Mapping[Provider, str] = {
     Provider.ANTHROPIC: "https://api.anthropic.com",
     Provider.GEMINI: "https://generativelanguage.googleapis.com",
 }
+
+
+class Domain(StrEnum):
+    """What kind of skill a question asks for; a simulated worker's skills are given per domain."""
+
+    MATH = "math"
+    KNOWLEDGE = "knowledge"
+    CODE = "code"
+    REASONING = "reasoning"
+    GENERAL = "general"
 
 
 class Price(BaseModel):

@@ -8,21 +8,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
 from conductor.chat import ChatMessage, Completion, Usage
-from conductor.errors import ConductorError
 from conductor.streaming import StreamEvent
-from conductor.workflow import (
-    AttemptRecord,
-    Plan,
-    PlanOutcome,
-    PoolEntry,
-    StepRecord,
-    WorkflowResult,
-)
+from conductor.workflow import AttemptRecord, Plan, PlanOutcome, PoolEntry, WorkflowRecord
+
+if TYPE_CHECKING:  # the machine imports this module's request types
+    from conductor.machine import MachineEvent
 
 
 class PlanFormat(StrEnum):
@@ -64,14 +59,6 @@ class StepCallResult(BaseModel):
     usage: Usage = Usage()
     cost_usd: float = 0.0
     attempts: list[AttemptRecord]
-
-
-class StepCallFailed(ConductorError):
-    """Every attempt, fallbacks included, failed; ``attempts`` says how."""
-
-    def __init__(self, message: str, attempts: list[AttemptRecord]) -> None:
-        super().__init__(message)
-        self.attempts = attempts
 
 
 class StepRunner(Protocol):
@@ -125,6 +112,10 @@ class PlanRequest(BaseModel):
     question: str
     pool: list[PoolEntry]
     max_steps: int
+    # Most steps any plan of the workflow may have: the prompt's instructions and examples are
+    # written for it, so every round shares one system prompt (and the model's cache of it); a
+    # round allowed fewer (``max_steps``) says so in its user message. None: ``max_steps``.
+    workflow_max_steps: int | None = None
     round: int = 0
     prior: PriorRound | None = None
     temperature: float = 0.3
@@ -137,23 +128,10 @@ class Planner(Protocol):
 
 
 class WorkflowObserver(Protocol):
-    """Receives a workflow's progress; the trace store and the CLI renderer are observers."""
+    """Receives what a workflow's state machine recorded, in order: the trace store, the CLI's
+    live view and the API's event announcements are observers. Each delivery is a batch of
+    events and the record they happened to (read an event's subject with
+    ``conductor.machine.event_subject``); an observer may act on some kinds and ignore the rest.
+    """
 
-    async def workflow_started(
-        self, result: WorkflowResult, pool_snapshot: list[dict[str, Any]]
-    ) -> None: ...
-
-    async def plan_ready(self, result: WorkflowResult, outcome: PlanOutcome) -> None: ...
-
-    async def step_started(self, result: WorkflowResult, step: StepRecord) -> None: ...
-
-    async def step_finished(self, result: WorkflowResult, step: StepRecord) -> None: ...
-
-    async def workflow_finished(self, result: WorkflowResult) -> None: ...
-
-
-@runtime_checkable
-class EventObserver(Protocol):
-    """An observer that also keeps the numbered events clients stream (the trace store)."""
-
-    async def events_recorded(self, result: WorkflowResult, events: list[Any]) -> None: ...
+    async def observe(self, workflow: WorkflowRecord, events: Sequence[MachineEvent]) -> None: ...

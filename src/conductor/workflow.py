@@ -1,6 +1,6 @@
 """The typed workflow model: plans the Conductor writes and the records of running them.
 
-A plan is data (CONVENTIONS 7): the executor walks it; nothing here performs I/O.
+A plan is data: the executor walks it; nothing here performs I/O.
 Step indices in a plan are local to its round; records carry global indices across rounds.
 """
 
@@ -92,6 +92,16 @@ class StepStatus(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
+    @property
+    def active(self) -> bool:
+        """Not ended yet: waiting for its inputs, or running."""
+        return self in (StepStatus.PENDING, StepStatus.RUNNING)
+
+    @property
+    def terminal(self) -> bool:
+        """Ended for good; a trace never writes an ended step again."""
+        return not self.active
+
 
 class StepKind(StrEnum):
     WORKER = "worker"
@@ -139,12 +149,25 @@ class StepRecord(BaseModel):
 
 
 class WorkflowStatus(StrEnum):
+    QUEUED = "queued"  # submitted, not started yet (the distributed runtime's queue)
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
 
+    @property
+    def terminal(self) -> bool:
+        """Ended for good, with an answer or without one."""
+        return self in (WorkflowStatus.COMPLETED, WorkflowStatus.FAILED)
 
-class WorkflowResult(BaseModel):
+
+TERMINAL_WORKFLOW_STATUSES = frozenset(s for s in WorkflowStatus if s.terminal)
+TERMINAL_STEP_STATUSES = frozenset(s for s in StepStatus if s.terminal)
+
+
+class WorkflowRecord(BaseModel):
+    """The live record of one workflow: every Conductor call, every step, and the outcome. The
+    state machine changes it; observers and traces read it."""
+
     workflow_id: uuid.UUID
     variant: str
     question: str

@@ -14,13 +14,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from conductor.chat import ChatMessage, Completion, Usage
-from conductor.loop_thread import LoopThread
+from conductor.executor import WorkflowExecutor
 from conductor.pool import Price
 from conductor.ports import PlanFormat
-from conductor.profiles import BUILTIN_PROFILES
-from conductor.traces.db import make_engine, upgrade
-from conductor.traces.store import TraceStore
-from conductor_aggregator.executor import WorkflowExecutor
+from conductor.variants import BUILTIN_VARIANTS
+from conductor_adapters.loop_thread import LoopThread
+from conductor_adapters.store.db import make_engine, upgrade
+from conductor_adapters.store.traces import TraceStore
 from conductor_api.embedded import EmbeddedWorkflows
 from conductor_api.server import Listening, serve_api
 from conductor_api.service import WorkflowService
@@ -121,6 +121,6 @@ def scripted_service(
         planner=ConductorPlanner(TwoStepBackend()),
         pool=pool,
         gateway=gateway,
-        observers=[TraceStore(engine)],
+        observers=[TraceStore(engine, pool)],
     )
-    return EmbeddedWorkflows(executor, gateway, engine, pool, BUILTIN_PROFILES, "conductor-ultra")
+    return EmbeddedWorkflows(executor, gateway, engine, pool, BUILTIN_VARIANTS, "conductor-ultra")

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-CONDUCTOR = [sys.executable, "-c", "from conductor.cli import main; main()"]
+CONDUCTOR = [sys.executable, "-c", "from conductor_cli import main; main()"]
 
 
 def run_conductor(

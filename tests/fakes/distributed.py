@@ -21,17 +21,17 @@ from celery.contrib.testing.worker import start_worker
 from sqlalchemy import Engine
 
 from conductor.chat import ChatMessage, Completion
-from conductor.loop_thread import LoopThread
 from conductor.messaging import AGGREGATOR_QUEUE
 from conductor.pool import Pool
 from conductor.ports import ChatWorker, PlanFormat, PlannerBackend
-from conductor.profiles import Profile
-from conductor.rpc.planner_client import GrpcPlanner
-from conductor.runs import SubmitRequest, load_run, submit_workflow
-from conductor.settings import Settings
-from conductor.traces.db import make_engine, upgrade
-from conductor.traces.store import TraceWrites
-from conductor.workflow import WorkflowResult
+from conductor.variants import Variant
+from conductor.workflow import WorkflowRecord
+from conductor_adapters.loop_thread import LoopThread
+from conductor_adapters.rpc.planner_client import GrpcPlanner
+from conductor_adapters.settings import Settings
+from conductor_adapters.store.db import make_engine, upgrade
+from conductor_adapters.store.runs import SubmitRequest, load_run, submit_workflow
+from conductor_adapters.store.traces import TraceWrites
 from conductor_aggregator.celery_app import create_aggregator_celery
 from conductor_aggregator.service import Aggregator
 from conductor_aggregator.settings import AggregatorSettings
@@ -116,6 +116,7 @@ class DistributedStack:
             self.gateway_process.gateway = gateway
         if self.aggregator is not None:
             self.aggregator.pool = pool
+            self.aggregator.writes = TraceWrites("postgresql", pool)
 
     def _gateway(self) -> WorkerGateway:
         assert self._pool is not None
@@ -127,9 +128,8 @@ class DistributedStack:
         )
 
     def _gateway_process(self) -> GatewayProcess:
-        self.gateway_process = GatewayProcess(
-            self.gateway_settings, Settings(), workers=self._workers, pool=self._pool
-        )
+        assert self._pool is not None
+        self.gateway_process = GatewayProcess(self.gateway_settings, self._pool, self._workers)
         self.gateway_process.gateway = self._gateway()
         return self.gateway_process
 
@@ -141,7 +141,7 @@ class DistributedStack:
             planner=GrpcPlanner(self.planner_server.address, timeout_s=30),
             loop=LoopThread("test-aggregator-loop"),
             pool=self._pool,
-            writes=TraceWrites("postgresql"),
+            writes=TraceWrites("postgresql", self._pool),
             redis_client=redis.Redis.from_url(self.gateway_settings.redis_url),
             redis_prefix=self.gateway_settings.redis_prefix,
         )
@@ -150,14 +150,14 @@ class DistributedStack:
     # -- running workflows -------------------------------------------------------------------
 
     async def run(
-        self, question: str, profile: Profile, *, timeout_s: float = 20.0
-    ) -> WorkflowResult:
+        self, question: str, variant: Variant, *, timeout_s: float = 20.0
+    ) -> WorkflowRecord:
         """Submit through the queue and wait until the aggregator finishes the workflow."""
-        request = SubmitRequest(question=question, profile=profile)
+        request = SubmitRequest(question=question, variant=variant)
         workflow_id = await asyncio.to_thread(submit_workflow, self.engine, self.app, request)
         return await self.wait(workflow_id, timeout_s=timeout_s)
 
-    async def wait(self, workflow_id: uuid.UUID, *, timeout_s: float = 20.0) -> WorkflowResult:
+    async def wait(self, workflow_id: uuid.UUID, *, timeout_s: float = 20.0) -> WorkflowRecord:
         deadline = time.monotonic() + timeout_s
         while True:
             with self.engine.connect() as conn:

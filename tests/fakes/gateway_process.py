@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from conductor.stack import ServiceProcess
+from conductor_cli.local_stack import ServiceProcess
 
 
 def write_pool_file(path: Path, workers: Mapping[str, Mapping[str, object]]) -> Path:

@@ -19,12 +19,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-un
 
 from conductor.chat import ChatMessage, Completion
 from conductor.ports import PlannerBackend
-from conductor.settings import Settings
+from conductor_adapters.settings import Settings
 from conductor_planner.server import PlannerServer, start_planner_server
 
 from fakes.scripted import ScriptedBackend
 
-ENTRY = "from conductor.cli import main; main()"
+ENTRY = "from conductor_cli import main; main()"
 
 
 @dataclass

@@ -15,26 +15,20 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import redis
 from celery import Celery, Task
 from kombu.exceptions import OperationalError as BrokerError
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError as DatabaseError
 
-from conductor.loop_thread import LoopThread
+from conductor.errors import PlannerError
 from conductor.messaging import (
     PLAN_ROUND_TASK,
     START_WORKFLOW_TASK,
     STEP_RESULT_TASK,
     CallReply,
-    OnFirstUse,
-    new_celery_app,
 )
-from conductor.rpc.planner_client import GrpcPlanner
-from conductor.settings import Settings, get_settings, load_pool
-from conductor.traces.db import check_schema, make_engine, wait_for_database
-from conductor.traces.store import TraceWrites
-from conductor_aggregator.service import Aggregator, PlannerUnreachable
+from conductor_adapters.queue import OnFirstUse, new_celery_app
+from conductor_aggregator.service import Aggregator
 from conductor_aggregator.settings import AggregatorSettings
 
 logger = logging.getLogger(__name__)
@@ -44,50 +38,21 @@ INFRA_RETRIES = 60  # about two minutes of database or broker trouble before a m
 # (the sweeper still finds its workflow at the next deadline)
 
 
-def build_aggregator(
-    settings: AggregatorSettings, app_settings: Settings, app: Celery
-) -> Aggregator:
-    """The production wiring: Postgres, the gRPC planner, Redis for event notices."""
-    wait_for_database(app_settings.database_url)
-    check_schema(app_settings.database_url)
-    pool = load_pool(app_settings)
-    engine = make_engine(app_settings.database_url)
-    loop = LoopThread("conductor-aggregator-loop")
-    key_variables = [w.api_key_env for w in pool.workers if w.api_key_env]
-    return Aggregator(
-        engine=engine,
-        app=app,
-        planner=GrpcPlanner(app_settings.planner_addr, timeout_s=settings.planner_timeout_s),
-        loop=loop,
-        pool=pool,
-        writes=TraceWrites(engine.dialect.name, secret_env_names=key_variables),
-        redis_client=redis.Redis.from_url(settings.redis_url),
-        redis_prefix=settings.redis_prefix,
-        planner_timeout_s=settings.planner_timeout_s,
-    )
-
-
 def create_aggregator_celery(
-    settings: AggregatorSettings | None = None,
-    build: Callable[[Celery], Aggregator] | None = None,
+    settings: AggregatorSettings, build: Callable[[Celery], Aggregator]
 ) -> Celery:
-    """The aggregator's Celery app; the aggregator itself is built on first use, in the worker."""
-    settings = settings or AggregatorSettings.load()
+    """The aggregator's Celery app; ``build`` makes the aggregator on first use, in the worker
+    process (never at import)."""
     app = new_celery_app("conductor_aggregator", settings)
     register_aggregator_tasks(app, settings, build)
     return app
 
 
 def register_aggregator_tasks(
-    app: Celery,
-    settings: AggregatorSettings,
-    build: Callable[[Celery], Aggregator] | None = None,
+    app: Celery, settings: AggregatorSettings, build: Callable[[Celery], Aggregator]
 ) -> None:
-    """Add the aggregator's tasks to ``app``. ``build`` replaces the production wiring (tests
-    inject their planner and database)."""
-    aggregator = OnFirstUse(
-        lambda: build(app) if build else build_aggregator(settings, get_settings(), app)
-    )
+    """Add the aggregator's tasks to ``app``; ``build`` makes the aggregator on first use."""
+    aggregator = OnFirstUse(lambda: build(app))
 
     def run(task: Task[Any, Any], work: Callable[[], None]) -> None:
         try:
@@ -113,7 +78,7 @@ def register_aggregator_tasks(
         final = tries >= settings.planner_retries
         try:
             run(self, lambda: aggregator().plan(parsed, round_no, final_try=final))
-        except PlannerUnreachable as exc:
+        except PlannerError as exc:  # retryable, and not the final try
             delay = min(2.0**tries, 30.0)
             logger.warning("planning %s: %s; trying again in %g s", workflow_id, exc, delay)
             retries = settings.planner_retries

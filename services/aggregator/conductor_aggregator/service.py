@@ -23,15 +23,19 @@ import redis
 from celery import Celery
 from sqlalchemy import Connection, Engine
 
-from conductor.errors import ConfigurationError
-from conductor.loop_thread import LoopThread
+from conductor.errors import ConfigurationError, PlannerError
 from conductor.machine import (
+    Aborted,
     Action,
+    DeadlinesPassed,
     Dispatch,
-    EventKind,
+    Fact,
     MachineEvent,
+    PlanFailed,
+    PlanReady,
+    StepFailed,
+    StepSucceeded,
     WorkflowMachine,
-    event_subject,
     utcnow,
 )
 from conductor.messaging import (
@@ -45,7 +49,9 @@ from conductor.messaging import (
 )
 from conductor.pool import Pool
 from conductor.ports import Planner
-from conductor.runs import (
+from conductor.workflow import PoolEntry
+from conductor_adapters.loop_thread import LoopThread
+from conductor_adapters.store.runs import (
     RunRow,
     due_runs,
     lock_run,
@@ -53,16 +59,12 @@ from conductor.runs import (
     save_run,
     send_start,
 )
-from conductor.traces.store import TraceWrites, Write
-from conductor.workflow import PlanOutcome, PoolEntry, StepRecord
+from conductor_adapters.store.traces import TraceWrites
 
 logger = logging.getLogger(__name__)
 
-Change = Callable[[Connection, RunRow], tuple[WorkflowMachine, list[Action]] | None]
-
-
-class PlannerUnreachable(Exception):
-    """The planner could not be reached; the planning round is tried again later."""
+Change = Callable[[Connection, RunRow], WorkflowMachine | None]
+"""What a message does to a locked run: the machine to advance and save, or None (no change)."""
 
 
 def events_channel(prefix: str, workflow_id: uuid.UUID | str) -> str:
@@ -111,7 +113,7 @@ class Aggregator:
     # -- message handlers -------------------------------------------------------------------
 
     def start(self, workflow_id: uuid.UUID) -> None:
-        def begin(conn: Connection, run: RunRow) -> tuple[WorkflowMachine, list[Action]] | None:
+        def begin(conn: Connection, run: RunRow) -> WorkflowMachine | None:
             if run.state is not None:
                 return None  # a duplicate start: it is running already
             request = run.request
@@ -119,18 +121,19 @@ class Aggregator:
             machine = WorkflowMachine.start(
                 workflow_id=workflow_id,
                 question=request.question,
-                profile=request.profile,
+                variant=request.variant,
                 entries=entries,
                 created_at=run.created_at,
             )
             if unknown:
-                machine.fail(f"workers not in the pool: {', '.join(unknown)}")
-            return machine, []
+                machine.apply(Aborted(f"workers not in the pool: {', '.join(unknown)}"))
+            return machine
 
         self._change(workflow_id, begin)
 
     def plan(self, workflow_id: uuid.UUID, round_no: int, *, final_try: bool = True) -> None:
-        """Ask the planner for a round's plan; raises PlannerUnreachable to be tried again."""
+        """Ask the planner for a round's plan. A retryable PlannerError is raised for the round
+        to be tried again, unless this is the final try: then the round fails with it."""
         # Read under the row lock, released at once: this message can arrive before the
         # transaction that sent it commits, and the lock waits for that commit.
         with self.engine.begin() as conn:
@@ -146,12 +149,11 @@ class Aggregator:
                 self.planner.plan(request), timeout_s=self.planner_timeout_s + 10
             )
         except Exception as exc:
-            if getattr(exc, "retryable", False) and not final_try:
-                raise PlannerUnreachable(str(exc)) from exc
-            error = str(exc) or type(exc).__name__
-            self._change(workflow_id, _apply(lambda m: m.plan_failed(round_no, error)))
+            if isinstance(exc, PlannerError) and exc.retryable and not final_try:
+                raise
+            self._apply(workflow_id, PlanFailed(round_no, str(exc) or type(exc).__name__))
             return
-        self._change(workflow_id, _apply(lambda m: m.plan_ready(round_no, outcome)))
+        self._apply(workflow_id, PlanReady(round_no, outcome))
 
     def step_result(self, reply: CallReply) -> None:
         context = reply.context
@@ -159,13 +161,13 @@ class Aggregator:
             logger.warning("a step result without its step (call %s); ignored", reply.call_id)
             return
 
-        def record(machine: WorkflowMachine) -> bool:
-            if reply.ok and reply.result is not None:
-                return machine.step_succeeded(context.step, reply.result)
+        fact: Fact
+        if reply.ok and reply.result is not None:
+            fact = StepSucceeded(context.step, reply.result)
+        else:
             error = f"StepCallFailed: {reply.error or 'the gateway reported a failure'}"
-            return machine.step_failed(context.step, error, reply.attempts)
-
-        self._change(uuid.UUID(context.workflow_id), _apply(record))
+            fact = StepFailed(context.step, error, tuple(reply.attempts))
+        self._apply(uuid.UUID(context.workflow_id), fact)
 
     def sweep(self, now: datetime | None = None) -> int:
         """Act on every run whose deadline has passed; returns how many were looked at."""
@@ -173,13 +175,14 @@ class Aggregator:
         with self.engine.connect() as conn:
             due = due_runs(conn, now)
 
-        def expire(conn: Connection, run: RunRow) -> tuple[WorkflowMachine, list[Action]] | None:
+        def expire(conn: Connection, run: RunRow) -> WorkflowMachine | None:
             if run.state is None:  # queued, and its start message was lost: send it again
                 send_start(self.app, run.workflow_id)
                 postpone_start(conn, run.workflow_id, now)
                 return None
             machine = WorkflowMachine(run.state)
-            return machine, machine.expire(now)
+            machine.apply(DeadlinesPassed(now))
+            return machine  # saved either way: its next deadline is recomputed
 
         for workflow_id in due:
             self._change(workflow_id, expire)
@@ -187,23 +190,30 @@ class Aggregator:
 
     # -- one transaction per message --------------------------------------------------------
 
+    def _apply(self, workflow_id: uuid.UUID, fact: Fact) -> None:
+        """Apply one fact to a running workflow; nothing happens when it no longer applies."""
+
+        def change(conn: Connection, run: RunRow) -> WorkflowMachine | None:
+            if run.state is None:
+                return None
+            machine = WorkflowMachine(run.state)
+            return machine if machine.apply(fact) else None
+
+        self._change(workflow_id, change)
+
     def _change(self, workflow_id: uuid.UUID, change: Change) -> None:
         with self.engine.begin() as conn:
             run = lock_run(conn, workflow_id)
             if run is None:
                 logger.warning("no workflow %s here; a message for it is ignored", workflow_id)
                 return
-            changed = change(conn, run)
-            if changed is None:
+            machine = change(conn, run)
+            if machine is None:
                 return
-            machine, actions = changed
-            actions = [*actions, *machine.advance()]
-            for action in actions:
+            for action in machine.advance():
                 self._send(workflow_id, action)
             events = machine.take_events()
-            for event in events:
-                self._trace_write(machine, event)(conn)
-            self.writes.events(machine.result, events)(conn)
+            self.writes.for_events(machine.result, events)(conn)
             save_run(conn, workflow_id, machine.state)
         self._announce(workflow_id, [e for e in events if e.sequence])
 
@@ -225,20 +235,6 @@ class Aggregator:
             self.app.send_task(
                 PLAN_ROUND_TASK, args=[str(workflow_id), action.round], queue=AGGREGATOR_QUEUE
             )
-
-    def _trace_write(self, machine: WorkflowMachine, event: MachineEvent) -> Write:
-        result = machine.result
-        subject = event_subject(result, event)
-        if event.kind is EventKind.STARTED:
-            snapshot = [self.pool.get(e.name).snapshot() for e in machine.state.entries]
-            return self.writes.started(result, snapshot)
-        if isinstance(subject, PlanOutcome):
-            return self.writes.plan(result, subject)
-        if isinstance(subject, StepRecord):
-            if event.kind is EventKind.STEP_STARTED:
-                return self.writes.step_started(result, subject)
-            return self.writes.step_finished(result, subject)
-        return self.writes.finished(result)
 
     def _announce(self, workflow_id: uuid.UUID, events: list[MachineEvent]) -> None:
         """Tell listeners (the API) that events were stored; best effort, since the database
@@ -263,16 +259,3 @@ class Aggregator:
             if w.name in wanted
         ]
         return entries, sorted(wanted - known)
-
-
-def _apply(transition: Callable[[WorkflowMachine], bool]) -> Change:
-    """A change that applies one transition, or nothing when the run is not (or no longer)
-    waiting for it."""
-
-    def change(conn: Connection, run: RunRow) -> tuple[WorkflowMachine, list[Action]] | None:
-        if run.state is None:
-            return None
-        machine = WorkflowMachine(run.state)
-        return (machine, []) if transition(machine) else None
-
-    return change

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from conductor.settings import BrokerSettings, load_settings
+from conductor_adapters.settings import BrokerSettings, load_settings
 
 
 class AggregatorSettings(BrokerSettings):

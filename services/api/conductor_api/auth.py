@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from conductor.keys import any_key_exists, authenticate
+from conductor_adapters.store.keys import any_key_exists, authenticate
 from conductor_api.errors import ApiError
 from conductor_api.service import Caller, WorkflowService
 

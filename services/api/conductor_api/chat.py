@@ -19,7 +19,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from conductor.chat import ChatMessage, Usage
-from conductor.ports import StepCallFailed, StepCallResult
+from conductor.errors import StepCallFailed
+from conductor.ports import StepCallResult
 from conductor_api.auth import CallerDep
 from conductor_api.errors import ApiError, error_body
 from conductor_api.metrics import ApiMetrics
@@ -156,7 +157,7 @@ async def chat_completions(
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     if body.model in service.worker_names:
         return await _passthrough(service, metrics, caller, body, created, include_usage)
-    if body.model not in service.profiles:
+    if body.model not in service.variants:
         raise _unknown_model(body.model)
     question = render_question(body.messages)
     options = body.conductor
@@ -169,8 +170,8 @@ async def chat_completions(
         metadata=body.metadata,
     )
     workflow_id = await service.submit(submission)
-    metrics.workflows.labels(submission.profile.name).inc()
-    timeout_s = submission.profile.workflow_timeout_s + WAIT_MARGIN_S
+    metrics.workflows.labels(submission.variant.name).inc()
+    timeout_s = submission.variant.workflow_timeout_s + WAIT_MARGIN_S
     completion_id = f"chatcmpl-{workflow_id.hex}"
     if body.stream:
         chunks = _Chunks(completion_id, body.model, created)
@@ -353,7 +354,7 @@ def _cards(service: WorkflowService, caller: Caller) -> list[ModelCard]:
             kind="variant",
             description=p.description,
         )
-        for name, p in service.profiles.items()
+        for name, p in service.variants.items()
     ]
     for name in service.allowed_workers(caller):
         spec = service.pool.get(name)

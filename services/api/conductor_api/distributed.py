@@ -24,12 +24,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-un
 from sqlalchemy import Engine, text
 
 from conductor.chat import ChatMessage
+from conductor.machine import FINAL_EVENT_KINDS
 from conductor.pool import Pool
-from conductor.ports import StepCallResult
-from conductor.profiles import Profile
-from conductor.runs import SubmitRequest, submit_workflow
+from conductor.ports import StepCallResult, StepRunner
+from conductor.variants import Variant
+from conductor_adapters.store.runs import SubmitRequest, submit_workflow
 from conductor_api.service import WorkflowService
-from conductor_gateway.client import QueuedStepRunner
 
 logger = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 2.0
@@ -45,17 +45,18 @@ class DistributedWorkflows(WorkflowService):
         app: Celery,
         redis: aioredis.Redis,
         redis_prefix: str,
+        runner: StepRunner,
         pool: Pool,
-        profiles: Mapping[str, Profile],
+        variants: Mapping[str, Variant],
         default_variant: str,
         planner_addr: str,
     ) -> None:
-        super().__init__(engine, pool, profiles, default_variant)
+        super().__init__(engine, pool, variants, default_variant)
         self.app = app
         self.redis = redis
         self.redis_prefix = redis_prefix
         self.planner_addr = planner_addr
-        self.runner = QueuedStepRunner(app, pool, redis, prefix=redis_prefix)
+        self.runner = runner  # pass-through calls: the vendor queues, replies on Redis
         self._listener: asyncio.Task[None] | None = None
         self._planner_channel: grpc.aio.Channel | None = None
 
@@ -98,7 +99,7 @@ class DistributedWorkflows(WorkflowService):
         try:
             workflow_id = uuid.UUID(channel.decode() if isinstance(channel, bytes) else channel)
             notice: dict[str, Any] = json.loads(data)
-            final = notice.get("kind") in ("completed", "failed")
+            final = notice.get("kind") in FINAL_EVENT_KINDS
             self.signals.announce(workflow_id, int(notice["sequence"]), final=final)
         except (ValueError, KeyError, TypeError):
             logger.warning("ignoring a malformed event announcement on %r", channel)

@@ -6,22 +6,20 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from sqlalchemy import Engine, text
 
 from conductor.chat import ChatMessage
-from conductor.machine import EventKind, MachineEvent, utcnow
+from conductor.executor import WorkflowExecutor
+from conductor.machine import MachineEvent, utcnow
 from conductor.pool import Pool
 from conductor.ports import StepCallResult, StepRunner
-from conductor.profiles import Profile
-from conductor.runs import SubmitRequest, record_workflow
-from conductor.workflow import PlanOutcome, StepRecord, WorkflowResult
-from conductor_aggregator.executor import WorkflowExecutor
+from conductor.variants import Variant
+from conductor.workflow import WorkflowRecord
+from conductor_adapters.store.runs import SubmitRequest, record_workflow
 from conductor_api.service import EventSignals, WorkflowService
 
 logger = logging.getLogger(__name__)
-FINAL = (EventKind.COMPLETED, EventKind.FAILED)
 
 
 class SignalObserver:
@@ -30,25 +28,10 @@ class SignalObserver:
     def __init__(self, signals: EventSignals) -> None:
         self.signals = signals
 
-    async def events_recorded(self, result: WorkflowResult, events: list[MachineEvent]) -> None:
+    async def observe(self, workflow: WorkflowRecord, events: Sequence[MachineEvent]) -> None:
         last = max(e.sequence for e in events)
-        final = any(e.kind in FINAL for e in events)
-        self.signals.announce(result.workflow_id, last, final=final)
-
-    async def workflow_started(self, result: WorkflowResult, pool_snapshot: Any) -> None:
-        return None
-
-    async def plan_ready(self, result: WorkflowResult, outcome: PlanOutcome) -> None:
-        return None
-
-    async def step_started(self, result: WorkflowResult, step: StepRecord) -> None:
-        return None
-
-    async def step_finished(self, result: WorkflowResult, step: StepRecord) -> None:
-        return None
-
-    async def workflow_finished(self, result: WorkflowResult) -> None:
-        return None
+        final = any(e.kind.final for e in events)
+        self.signals.announce(workflow.workflow_id, last, final=final)
 
 
 class EmbeddedWorkflows(WorkflowService):
@@ -60,14 +43,14 @@ class EmbeddedWorkflows(WorkflowService):
         gateway: StepRunner,
         engine: Engine,
         pool: Pool,
-        profiles: Mapping[str, Profile],
+        variants: Mapping[str, Variant],
         default_variant: str,
     ) -> None:
-        super().__init__(engine, pool, profiles, default_variant)
+        super().__init__(engine, pool, variants, default_variant)
         self.executor = executor
         self.gateway = gateway
         executor.observers.append(SignalObserver(self.signals))
-        self._running: set[asyncio.Task[WorkflowResult]] = set()
+        self._running: set[asyncio.Task[WorkflowRecord]] = set()
 
     @property
     def worker_names(self) -> list[str]:
@@ -85,7 +68,7 @@ class EmbeddedWorkflows(WorkflowService):
         task = asyncio.create_task(
             self.executor.run(
                 request.question,
-                request.profile,
+                request.variant,
                 workflow_id=workflow_id,
                 pool=request.pool,
                 created_at=now,
@@ -96,7 +79,7 @@ class EmbeddedWorkflows(WorkflowService):
         task.add_done_callback(self._finished)
         return workflow_id
 
-    def _finished(self, task: asyncio.Task[WorkflowResult]) -> None:
+    def _finished(self, task: asyncio.Task[WorkflowRecord]) -> None:
         self._running.discard(task)
         if not task.cancelled() and task.exception() is not None:
             logger.error("workflow task failed", exc_info=task.exception())

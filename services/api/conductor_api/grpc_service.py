@@ -14,10 +14,11 @@ from typing import Any, NoReturn
 import grpc
 
 from conductor.errors import InvalidRequest
-from conductor.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
+from conductor.machine import FINAL_EVENT_KINDS
+from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
 from conductor_api.auth import identify
 from conductor_api.errors import ApiError
-from conductor_api.reads import MAX_SEQUENCE, TERMINAL_EVENTS, load_events, load_workflow
+from conductor_api.reads import MAX_SEQUENCE, load_events, load_workflow
 from conductor_api.service import Caller, WorkflowService
 from conductor_api.wire import event_to_proto, workflow_to_proto
 
@@ -71,7 +72,7 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
             await _abort(context, ApiError(404, f"workflow {workflow_id} not found"))
         async for event in self.service.follow(workflow_id, caller.tenant, after):
             outcome = None
-            if event.kind in TERMINAL_EVENTS:
+            if event.kind in FINAL_EVENT_KINDS:
                 outcome = await asyncio.to_thread(load_workflow, engine, workflow_id, caller.tenant)
             yield event_to_proto(event, outcome)
 

@@ -42,7 +42,7 @@ async def submit(body: WorkflowSubmission, request: Request, caller: CallerDep) 
         metadata=body.metadata,
     )
     workflow_id = await service.submit(submission)
-    request.app.state.metrics.workflows.labels(submission.profile.name).inc()
+    request.app.state.metrics.workflows.labels(submission.variant.name).inc()
     return WorkflowAccepted(id=workflow_id, status="queued")
 
 

@@ -12,7 +12,9 @@ from typing import Any
 
 from sqlalchemy import Engine, select, update
 
-from conductor.traces.models import (
+from conductor.machine import FINAL_EVENT_KINDS
+from conductor.workflow import AttemptRecord, PlanOutcome
+from conductor_adapters.store.models import (
     AttemptRow,
     StepRow,
     WorkflowRow,
@@ -21,10 +23,8 @@ from conductor.traces.models import (
     step_table,
     workflow_table,
 )
-from conductor.workflow import AttemptRecord, PlanOutcome
 from conductor_api.schemas import EventView, StepView, UsageView, WorkflowView
 
-TERMINAL_EVENTS = ("completed", "failed")
 MAX_SEQUENCE = 2**31 - 1  # event sequences are 32-bit integers in the database
 
 
@@ -144,7 +144,7 @@ def outcome_passed(engine: Engine, workflow_id: uuid.UUID, after: int) -> bool:
     read has a greater sequence, so it is read next, not skipped."""
     query = select(event_table.c.sequence).where(
         event_table.c.workflow_id == workflow_id,
-        event_table.c.kind.in_(TERMINAL_EVENTS),
+        event_table.c.kind.in_(FINAL_EVENT_KINDS),
         event_table.c.sequence <= after,
     )
     with engine.connect() as conn:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from conductor.orchestration import MAX_QUESTION_CHARS
-from conductor.profiles import MAX_STEPS_LIMIT
+from conductor.variants import MAX_STEPS_LIMIT
 from conductor.workflow import AttemptRecord, PlanOutcome, StepRecord
 
 MAX_MESSAGES = 256

@@ -19,12 +19,13 @@ from sqlalchemy import Engine
 
 from conductor.chat import ChatMessage
 from conductor.errors import InvalidRequest
+from conductor.machine import FINAL_EVENT_KINDS
 from conductor.orchestration import check_question
 from conductor.pool import Pool
 from conductor.ports import StepCallResult
-from conductor.profiles import Profile, get_profile
-from conductor.runs import SubmitRequest
-from conductor_api.reads import TERMINAL_EVENTS, load_events, outcome_passed
+from conductor.variants import Variant, get_variant
+from conductor_adapters.store.runs import SubmitRequest
+from conductor_api.reads import load_events, outcome_passed
 from conductor_api.schemas import EventView
 
 POLL_INTERVAL_S = 1.0  # events are re-read this often even when no announcement arrives
@@ -75,12 +76,12 @@ class WorkflowService(ABC):
         self,
         engine: Engine,
         pool: Pool,
-        profiles: Mapping[str, Profile],
+        variants: Mapping[str, Variant],
         default_variant: str,
     ) -> None:
         self.engine = engine
         self.pool = pool
-        self.profiles = dict(profiles)
+        self.variants = dict(variants)
         self.default_variant = default_variant
         self.signals = EventSignals()
 
@@ -109,11 +110,12 @@ class WorkflowService(ABC):
 
     # -- shared rules -----------------------------------------------------------------------
 
-    def profile(self, variant: str | None, max_steps: int | None) -> Profile:
-        profile = get_profile(variant or self.default_variant, self.profiles)
+    def variant_for(self, name: str | None, max_steps: int | None) -> Variant:
+        """The variant a request names (the default when it names none), with its max_steps."""
+        variant = get_variant(name or self.default_variant, self.variants)
         if max_steps is not None:
-            profile = profile.model_copy(update={"max_steps": max_steps})
-        return profile
+            variant = variant.model_copy(update={"max_steps": max_steps})
+        return variant
 
     def allowed_workers(self, caller: Caller) -> list[str]:
         names = self.worker_names
@@ -157,7 +159,7 @@ class WorkflowService(ABC):
         check_question(question)
         return SubmitRequest(
             question=question,
-            profile=self.profile(variant, max_steps),
+            variant=self.variant_for(variant, max_steps),
             pool=self.resolve_pool(caller, pool),
             tenant=caller.tenant,
             metadata=dict(metadata or {}),
@@ -179,7 +181,7 @@ class WorkflowService(ABC):
             for event in events:
                 yield event
                 after = event.sequence
-                if event.kind in TERMINAL_EVENTS:
+                if event.kind in FINAL_EVENT_KINDS:
                     return
             if not events:
                 # A resume point at or past the outcome: nothing more will ever come.

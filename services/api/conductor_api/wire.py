@@ -7,9 +7,9 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from conductor.rpc.planner_wire import access_to_proto, outcome_to_proto, usage_to_proto
-from conductor.v1 import common_pb2, workflows_pb2
 from conductor.workflow import AttemptRecord, PlanOutcome, StepKind, StepRecord, StepStatus
+from conductor_adapters.rpc.planner_wire import access_to_proto, outcome_to_proto, usage_to_proto
+from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2
 from conductor_api.schemas import EventView, StepView, WorkflowView
 
 WORKFLOW_STATUS = {

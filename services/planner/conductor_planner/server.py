@@ -23,11 +23,11 @@ from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
 from conductor.errors import ConductorError, ConfigurationError, InvalidRequest, WorkerError
 from conductor.ports import PlannerBackend, PlanRequest
-from conductor.profiles import MAX_STEPS_LIMIT
-from conductor.rpc.planner_client import CHANNEL_OPTIONS, PLANNER_SERVICE
-from conductor.rpc.planner_wire import outcome_to_proto, request_from_proto
-from conductor.settings import Settings
-from conductor.v1 import planner_pb2, planner_pb2_grpc
+from conductor.variants import MAX_STEPS_LIMIT
+from conductor_adapters.rpc.planner_client import CHANNEL_OPTIONS, PLANNER_SERVICE
+from conductor_adapters.rpc.planner_wire import outcome_to_proto, request_from_proto
+from conductor_adapters.rpc.v1 import planner_pb2, planner_pb2_grpc
+from conductor_adapters.settings import Settings
 from conductor_planner.backends import create_backend
 from conductor_planner.planner import ConductorPlanner
 
@@ -60,6 +60,14 @@ def request_problems(request: PlanRequest) -> list[str]:
         )
     if not 1 <= request.max_steps <= MAX_STEPS_LIMIT:
         problems.append(f"max_steps must be 1 to {MAX_STEPS_LIMIT}, got {request.max_steps}")
+    workflow_max_steps = request.workflow_max_steps
+    if workflow_max_steps is not None and not request.max_steps <= workflow_max_steps <= (
+        MAX_STEPS_LIMIT
+    ):
+        problems.append(
+            f"workflow_max_steps must be max_steps ({request.max_steps}) to {MAX_STEPS_LIMIT}, "
+            f"got {workflow_max_steps}"
+        )
     if request.round < 0:
         problems.append(f"round must be >= 0, got {request.round}")
     if request.max_tokens < 1:

@@ -1,1 +1,2 @@
-"""The trainer: offline jobs on the orchestration core (evaluation harness now, GRPO next)."""
+"""The trainer: GRPO training of the Conductor (``conductor train``) and training data from
+traces (``conductor traces export``), scored with the evaluation harness's items and verifiers."""

@@ -10,7 +10,7 @@ item being scored (``simulating``).
 
 The recursion stage (``RecursionStage``) offers the Conductor itself as a worker: a sampled plan
 may end by handing back to it, and the next round is planned by the policy being trained, as it
-is at that moment. PAPER.md says only that the stage discounts "the first round's reward" by
+is at that moment. The method says only that the stage discounts "the first round's reward" by
 0.25; since GRPO normalises rewards within a group, a discount applied to every sample alike
 would change nothing, so we read it as: a workflow whose answer comes from the first round
 (the plan did not recurse) earns 0.25 x its reward, one that recursed earns its final answer's
@@ -27,17 +27,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from conductor.errors import ConductorError, ConfigurationError
-from conductor.evaluation.items import EvalItem
-from conductor.evaluation.sim import simulating
-from conductor.evaluation.verify import verify
+from conductor.executor import WorkflowExecutor
 from conductor.pool import Pool
 from conductor.ports import Planner, PlanRequest, StepRunner
-from conductor.profiles import MAX_STEPS_LIMIT, Profile
 from conductor.protocol import ParseFailure, parse_plan, validate_plan
+from conductor.variants import MAX_STEPS_LIMIT, Variant
 from conductor.workflow import Plan, PlanOutcome, StepKind, WorkflowStatus
-from conductor_aggregator.executor import WorkflowExecutor
-from conductor_trainer.reward import INVALID, method_reward
-from conductor_trainer.strategies import given_outcome
+from conductor_evaluation import INVALID, EvalItem, given_outcome, method_reward, simulating, verify
 
 if TYPE_CHECKING:
     from conductor_planner import ConductorPlanner
@@ -77,8 +73,7 @@ class PolicyPlanner:
 
     async def plan(self, request: PlanRequest) -> PlanOutcome:
         if self._planner is None:
-            from conductor_planner import ConductorPlanner
-            from conductor_planner.backends.transformers import TransformersPlannerBackend
+            from conductor_planner import ConductorPlanner, TransformersPlannerBackend
 
             # The backend sets its own sampling defaults on the model; the checkpoint keeps
             # the base model's (every generate call here passes its config explicitly).
@@ -126,7 +121,7 @@ class _GivenPlan:
     async def plan(self, request: PlanRequest) -> PlanOutcome:
         if request.round == 0:
             return given_outcome(request, self.given, raw_output=self.raw, backend="grpo-rollout")
-        if self.later is None:  # the profile offers no recursion without a later planner
+        if self.later is None:  # the variant offers no recursion without a later planner
             raise ConductorError("a recursion round was asked for outside the recursion stage")
         return await self.later.plan(request)
 
@@ -154,7 +149,7 @@ class PlanRewarder:
         self.max_steps = max_steps
         self.seed = seed
         self.recursion = recursion
-        self.profile = Profile(
+        self.variant = Variant(
             name="grpo-rollout",
             description="a sampled plan run for its reward",
             max_steps=max_steps,
@@ -187,7 +182,7 @@ class PlanRewarder:
         )
         seed = int.from_bytes(hashlib.sha256(f"{self.seed}\0{text}".encode()).digest()[:4], "big")
         with simulating(item, seed):
-            result = await executor.run(item.question, self.profile, pool=list(pool_names))
+            result = await executor.run(item.question, self.variant, pool=list(pool_names))
             correct = (
                 result.status is WorkflowStatus.COMPLETED
                 and (await verify(item, result.answer)).correct

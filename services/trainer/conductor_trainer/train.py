@@ -1,7 +1,7 @@
 """``conductor train``: GRPO on the Conductor with TRL's GRPOTrainer, rewards from live rollouts.
 
-The method's recipe (PAPER.md, Training): reward 0 / 0.5 / 1, no KL term, AdamW with cosine
-decay and 3% warm-up, temperature 1.0, groups of samples per question. Its scale (4 questions x
+The method's recipe: reward 0 / 0.5 / 1, no KL term, AdamW with cosine decay and 3% warm-up,
+temperature 1.0, groups of samples per question. Its scale (4 questions x
 64 samples, 200 iterations, a 7B model on 2 H100s) is scaled down by default to what a CPU can
 do; every figure is an option. Distribution (several GPUs, DeepSpeed) is accelerate's: run
 ``accelerate launch`` on this module's entry point, nothing here is home-made.
@@ -12,15 +12,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from conductor.errors import ConfigurationError
-from conductor.evaluation.items import EvalItem
-from conductor.profiles import MAX_STEPS_LIMIT
-from conductor.settings import Settings
-from conductor_trainer.evaluate import resolve_pool
+from conductor.pool import Pool
+from conductor.ports import StepRunner
+from conductor.variants import MAX_STEPS_LIMIT
+from conductor_adapters.settings import Settings
+from conductor_evaluation import EvalItem, resolve_pool, split_items
 
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoint"
@@ -119,8 +121,11 @@ def unmark_gguf(model: Any) -> None:
         del model.config.quantization_config
 
 
-def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
-    """Train, then write the checkpoint, ``metrics.jsonl`` and the curve; blocking."""
+def train(
+    options: TrainOptions, settings: Settings, gateway_for: Callable[[Pool], StepRunner]
+) -> TrainOutcome:
+    """Train, then write the checkpoint, ``metrics.jsonl`` and the curve; blocking.
+    ``gateway_for`` opens the gateway the rollouts run on, over the training pool."""
     if options.recursion_stage and options.max_plan_steps < 2:
         raise ConfigurationError("the recursion stage needs plans of 2 steps or more")
     if not 0 <= options.first_round_discount <= 1:
@@ -133,13 +138,10 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
     datasets, transformers, trl = _import_training()
     import torch
 
-    from conductor.llamacpp import EngineOptions
-    from conductor_gateway.gateway import WorkerGateway
-    from conductor_gateway.registry import build_workers
-    from conductor_planner.backends.transformers import resolve_model
+    from conductor_planner import resolve_model
     from conductor_trainer.metrics import MetricsFile, plot_training_curve
     from conductor_trainer.rollout import PlanRewarder, PolicyPlanner, RecursionStage
-    from conductor_trainer.training_data import prompt_rows, split_items
+    from conductor_trainer.training_data import prompt_rows
 
     pool, _ = resolve_pool(options.pool, settings)
     train_items, held_out = split_items(
@@ -163,9 +165,7 @@ def train(options: TrainOptions, settings: Settings) -> TrainOutcome:
         seed=options.seed,
         offer_conductor=options.recursion_stage,
     )
-    gateway = WorkerGateway.in_process(
-        pool, build_workers(pool, EngineOptions.from_settings(settings))
-    )
+    gateway = gateway_for(pool)
     use_cpu = not torch.cuda.is_available()
     args = grpo_config(options, trl, use_cpu=use_cpu)
     policy = (

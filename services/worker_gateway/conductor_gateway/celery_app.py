@@ -1,4 +1,4 @@
-"""The gateway on Celery (CONVENTIONS 8): one queue per vendor, JSON only, acks_late, prefetch 1.
+"""The gateway on Celery: one queue per vendor, JSON only, acks_late, prefetch 1.
 
 A task takes one CallRequest, runs it through the WorkerGateway on the process's shared event
 loop, and answers with a CallReply: as a step-result task on the queue the request names (the
@@ -19,23 +19,19 @@ from celery import Celery, Task
 from kombu.exceptions import OperationalError
 from pydantic import ValidationError
 
-from conductor.errors import ConductorError
-from conductor.llamacpp import EngineOptions
-from conductor.loop_thread import LoopThread
+from conductor.errors import ConductorError, StepCallFailed
 from conductor.messaging import (
     CALL_WORKER_TASK,
     STEP_RESULT_TASK,
     CallReply,
     CallRequest,
-    OnFirstUse,
-    new_celery_app,
 )
 from conductor.pool import Pool
-from conductor.ports import ChatWorker, StepCallFailed
-from conductor.settings import Settings, get_settings, load_pool
+from conductor.ports import ChatWorker
+from conductor_adapters.loop_thread import LoopThread
+from conductor_adapters.queue import OnFirstUse, new_celery_app
 from conductor_gateway.gateway import WorkerGateway
 from conductor_gateway.quotas_redis import RedisQuotas
-from conductor_gateway.registry import build_workers
 from conductor_gateway.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
@@ -51,26 +47,17 @@ class GatewayProcess:
     """What one gateway process holds: the event loop thread, the gateway, a Redis client."""
 
     def __init__(
-        self,
-        settings: GatewaySettings,
-        app_settings: Settings,
-        *,
-        workers: Mapping[str, ChatWorker] | None = None,
-        pool: Pool | None = None,
+        self, settings: GatewaySettings, pool: Pool, workers: Mapping[str, ChatWorker]
     ) -> None:
-        """``workers`` and ``pool`` replace the ones built from the settings (tests)."""
         self.settings = settings
         self.loop = LoopThread("conductor-gateway-loop")
-        pool = pool or load_pool(app_settings)
-        if workers is None:
-            workers = build_workers(pool, EngineOptions.from_settings(app_settings))
         self.redis: aioredis.Redis = self.loop.run(self._connect())
         quotas = RedisQuotas(
             self.redis, prefix=settings.redis_prefix, config=settings.quota_config()
         )
         self.gateway = WorkerGateway(pool, workers, quotas=quotas, policy=settings.retry_policy())
         # One script rather than a MULTI pipeline: redis-py builds each pipeline object at a
-        # cost that showed in profiles at hundreds of replies a second.
+        # cost that showed in variants at hundreds of replies a second.
         self._push_reply = self.redis.register_script(PUSH_REPLY)
 
     async def _connect(self) -> aioredis.Redis:
@@ -125,23 +112,19 @@ class GatewayProcess:
         self.loop.stop()
 
 
-def create_celery(
-    settings: GatewaySettings | None = None,
-    build: Callable[[], GatewayProcess] | None = None,
-) -> Celery:
-    """The gateway's Celery app; the gateway itself is built on the first task, in the worker."""
-    settings = settings or GatewaySettings.load()
+def create_celery(settings: GatewaySettings, build: Callable[[], GatewayProcess]) -> Celery:
+    """The gateway's Celery app; ``build`` makes the process's gateway on the first task, in the
+    worker process (never at import)."""
     app = new_celery_app("conductor_gateway", settings)
     register_gateway_tasks(app, settings, build)
     return app
 
 
 def register_gateway_tasks(
-    app: Celery, settings: GatewaySettings, build: Callable[[], GatewayProcess] | None = None
+    app: Celery, settings: GatewaySettings, build: Callable[[], GatewayProcess]
 ) -> None:
-    """Add the gateway's task to ``app``. ``build`` replaces the production wiring (tests run
-    scripted workers behind the queue)."""
-    process = OnFirstUse(build or (lambda: GatewayProcess(settings, get_settings())))
+    """Add the gateway's task to ``app``; ``build`` makes the process's gateway on first use."""
+    process = OnFirstUse(build)
 
     # shared=False: Celery otherwise adds every task to each app created later in the
     # process (a test process builds several apps; each must hold only its own tasks).

@@ -16,9 +16,10 @@ import redis.asyncio as aioredis
 from celery import Celery
 
 from conductor.chat import ChatMessage
+from conductor.errors import StepCallFailed
 from conductor.messaging import CALL_WORKER_TASK, CallReply, CallRequest, queue_for
 from conductor.pool import Pool
-from conductor.ports import StepCallFailed, StepCallResult
+from conductor.ports import StepCallResult
 
 logger = logging.getLogger(__name__)
 

@@ -20,11 +20,12 @@ from conductor.errors import (
     ProviderAuthError,
     ProviderTimeout,
     QuotaExhausted,
+    StepCallFailed,
     WorkerError,
     WorkerUnavailable,
 )
 from conductor.pool import Pool, WorkerSpec
-from conductor.ports import ChatWorker, StepCallFailed, StepCallResult
+from conductor.ports import ChatWorker, StepCallResult
 from conductor.streaming import collect_stream
 from conductor.workflow import AttemptRecord, attempts_total
 from conductor_gateway.quotas import MemoryQuotas, QuotaStore, estimate_tokens

@@ -1,4 +1,4 @@
-"""Quotas shared by every gateway replica through Redis (CONVENTIONS 10).
+"""Quotas shared by every gateway replica through Redis.
 
 Each check-and-take is one Lua script, so N replicas cannot all see "one slot left" and all take
 it (the failure LiteLLM's issues document: the limit silently becomes limit x replicas). The

@@ -1,25 +1,32 @@
-"""Builds the callable workers of a pool: one adapter per available worker spec."""
+"""Builds the callable workers of a pool: one provider adapter per available worker spec."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from conductor.llamacpp import EngineOptions, get_engine
+from conductor.errors import ConfigurationError
 from conductor.pool import Pool, Provider, WorkerSpec
 from conductor.ports import ChatWorker
-from conductor_gateway.adapters.anthropic import AnthropicWorker
-from conductor_gateway.adapters.gemini import GeminiWorker
-from conductor_gateway.adapters.llamacpp import LlamaCppWorker
-from conductor_gateway.adapters.openai import OpenAICompatibleWorker
-from conductor_gateway.adapters.sim import SimWorker
+from conductor_adapters.llamacpp import EngineOptions, get_engine
+from conductor_gateway.providers.anthropic import AnthropicWorker
+from conductor_gateway.providers.gemini import GeminiWorker
+from conductor_gateway.providers.llamacpp import LlamaCppWorker
+from conductor_gateway.providers.openai import OpenAICompatibleWorker
+
+WorkerFactory = Callable[[WorkerSpec], ChatWorker]
 
 
 def build_worker(
     spec: WorkerSpec,
     engine_options: EngineOptions | None = None,
     environ: Mapping[str, str] = os.environ,
+    providers: Mapping[Provider, WorkerFactory] | None = None,
 ) -> ChatWorker:
+    """The adapter for one worker. ``providers`` supplies adapters built elsewhere: the
+    simulated provider ``sim`` belongs to the evaluation harness, which owns what it answers."""
+    if providers and spec.provider in providers:
+        return providers[spec.provider](spec)
     match spec.provider:
         case Provider.LLAMACPP:
             return LlamaCppWorker(
@@ -32,15 +39,20 @@ def build_worker(
         case Provider.GEMINI:
             return GeminiWorker.from_spec(spec, environ)
         case Provider.SIM:
-            return SimWorker.from_spec(spec)
+            raise ConfigurationError(
+                f"worker {spec.name!r} is simulated (provider 'sim'): this process was started "
+                "without the simulated provider"
+            )
 
 
 def build_workers(
     pool: Pool,
     engine_options: EngineOptions | None = None,
     environ: Mapping[str, str] = os.environ,
+    providers: Mapping[Provider, WorkerFactory] | None = None,
 ) -> dict[str, ChatWorker]:
     """Clients for the workers that can be called here; the others are left out, not faked."""
     return {
-        spec.name: build_worker(spec, engine_options, environ) for spec in pool.available(environ)
+        spec.name: build_worker(spec, engine_options, environ, providers)
+        for spec in pool.available(environ)
     }

@@ -1,4 +1,4 @@
-"""The one retry policy for provider calls (CONVENTIONS 9): what to retry, how long to wait.
+"""The one retry policy for provider calls: what to retry, how long to wait.
 
 Client libraries' own retries are off (httpx never retries; adapters make one HTTP call per
 method call), so every retry happens here and is recorded as an attempt. Retried: 408, 409,

@@ -89,12 +89,21 @@ def _render_prior(prior: PriorRound, fmt: PlanFormat) -> str:
     for index, (step, answer) in enumerate(zip(prior.plan.steps, prior.answers, strict=True)):
         shown = "(no answer)" if answer is None else _clip(answer)
         lines.append(f"Step {index} (Model {step.model_id}): {shown}")
-    lines += ["", f"Last answer: {_clip(prior.last_answer)}", ""]
+    lines += ["", _render_last_answer(prior), ""]
     lines.append(_REPLAN_JSON if fmt is PlanFormat.JSON else _REPLAN_LISTS)
     lines.append(
         'Numbers in access lists refer to the new steps; ["all"] also shows every earlier step.'
     )
     return "\n".join(lines)
+
+
+def _render_last_answer(prior: PriorRound) -> str:
+    # The last answer is usually one of the answers listed just above: name it, do not repeat it
+    # (an answer runs to hundreds of tokens, and every prompt token costs time).
+    for index in range(len(prior.answers) - 1, -1, -1):
+        if prior.answers[index] is not None and prior.answers[index] == prior.last_answer:
+            return f"Last answer: the answer of step {index} above."
+    return f"Last answer: {_clip(prior.last_answer)}"
 
 
 def _clip(text: str) -> str:
@@ -105,17 +114,25 @@ def _clip(text: str) -> str:
 
 
 def render_prompt(request: PlanRequest, fmt: PlanFormat) -> list[ChatMessage]:
+    """The system message depends only on the workflow's step limit and the output format, so
+    it is the same for every round of a workflow and for every workflow of a variant: a model
+    server caches its computation once (the user message comes last, and varies)."""
     output = _JSON_OUTPUT if fmt is PlanFormat.JSON else _LISTS_OUTPUT
+    workflow_max_steps = request.workflow_max_steps or request.max_steps
     system = "\n\n".join(
         (
-            _TASK.format(max_steps=request.max_steps),
+            _TASK.format(max_steps=workflow_max_steps),
             output,
-            _render_examples(request.max_steps, fmt),
+            _render_examples(workflow_max_steps, fmt),
         )
     )
     user = [f"Available models:\n{render_pool(request.pool)}", f"Question: {request.question}"]
     if request.prior is not None:
         user.append(_render_prior(request.prior, fmt))
+    if request.max_steps < workflow_max_steps:
+        user.append(
+            f"Write at most {request.max_steps} step{'s' if request.max_steps > 1 else ''}."
+        )
     return [
         ChatMessage(role="system", content=system),
         ChatMessage(role="user", content="\n\n".join(user)),

@@ -17,7 +17,7 @@ import os
 
 from conductor.errors import ConfigurationError
 from conductor.ports import PlanFormat, PlannerBackend
-from conductor.settings import Settings
+from conductor_adapters.settings import Settings
 
 
 def create_backend(settings: Settings) -> PlannerBackend:
@@ -25,7 +25,7 @@ def create_backend(settings: Settings) -> PlannerBackend:
     minutes for transformers and vLLM; servers call it in a thread)."""
     name = settings.planner_backend
     if name == "llamacpp":
-        from conductor.llamacpp import EngineOptions, get_engine
+        from conductor_adapters.llamacpp import EngineOptions, get_engine
         from conductor_planner.backends.llamacpp import LlamaCppPlannerBackend
 
         model = settings.planner_model or settings.local_model

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from conductor.chat import ChatMessage, Completion
-from conductor.llamacpp import LlamaCppEngine
 from conductor.ports import PlanFormat
+from conductor_adapters.llamacpp import LlamaCppEngine
 
 
 class LlamaCppPlannerBackend:
@@ -26,8 +26,14 @@ class LlamaCppPlannerBackend:
         max_tokens: int,
         temperature: float,
     ) -> Completion:
+        # The system message (task and examples) is the same for every question: the engine
+        # keeps its KV cache, so a new process's first plan does not recompute it.
         return await self.engine.complete(
-            messages, max_tokens=max_tokens, temperature=temperature, json_schema=json_schema
+            messages,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            json_schema=json_schema,
+            keep_prefix=True,
         )
 
     async def aclose(self) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 
 from conductor.chat import ChatMessage, Completion
-from conductor.openai_wire import OpenAIChatClient
 from conductor.ports import PlanFormat
+from conductor_adapters.openai_wire import OpenAIChatClient
 
 SCHEMA_NAME = "conductor_plan"
 

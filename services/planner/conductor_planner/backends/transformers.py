@@ -77,7 +77,7 @@ class ModelSource:
 def resolve_model(model: str | None) -> ModelSource:
     """``builtin:smollm2`` (also when unset), a GGUF file, a checkpoint directory or a hub id."""
     if model is None or model == BUILTIN_SMOLLM2:
-        from conductor.llamacpp import smollm2_gguf_path
+        from conductor_adapters.llamacpp import smollm2_gguf_path
 
         gguf = smollm2_gguf_path()
         return ModelSource(str(gguf.parent), gguf.name)

@@ -1,0 +1,29 @@
+"""The evaluation harness: suites, verifiers, the code sandbox, the simulated provider, the
+baseline strategies, the runner and its report (``conductor eval``).
+
+What other services may use is exported here (the trainer scores its rollouts with the same
+items, verifiers, simulator and reward); the modules themselves are this package's own.
+"""
+
+from conductor_evaluation.harness import resolve_pool
+from conductor_evaluation.items import AnswerKind, Domain, EvalItem, Verdict
+from conductor_evaluation.reward import INVALID, method_reward
+from conductor_evaluation.sim import simulating
+from conductor_evaluation.split import is_held_out, split_items
+from conductor_evaluation.strategies import given_outcome
+from conductor_evaluation.verify import verify
+
+__all__ = [
+    "INVALID",
+    "AnswerKind",
+    "Domain",
+    "EvalItem",
+    "Verdict",
+    "given_outcome",
+    "is_held_out",
+    "method_reward",
+    "resolve_pool",
+    "simulating",
+    "split_items",
+    "verify",
+]

@@ -1,0 +1,180 @@
+"""The evaluation report: per suite and strategy, accuracy with its confidence interval, tokens,
+cost, steps and latency; as Markdown (``report.md``) and JSON (``report.json``)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from conductor_evaluation.results import ItemResult
+from conductor_evaluation.reward import method_reward
+from conductor_evaluation.strategies import Kind, Strategy
+
+Z95 = 1.959964
+
+
+class StrategyRow(BaseModel):
+    strategy: str
+    kind: str
+    n: int
+    correct: int
+    accuracy: float
+    ci95: tuple[float, float]
+    tokens_per_question: float
+    cost_per_question_usd: float
+    steps_per_question: float
+    latency_p50_s: float
+    latency_p95_s: float
+    failed: int  # workflows that did not complete (counted as wrong)
+    plan_valid_rate: float | None = None  # Conductor only
+    # The training reward (0 invalid plan / 0.5 wrong / 1 right); baselines' plans are valid.
+    mean_reward: float = 0.0
+
+
+def wilson(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval: honest at small n and at 0% or 100%, unlike the normal one."""
+    if n == 0:
+        return (0.0, 0.0)
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q
+    low, high = math.floor(rank), math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def oracle_results(results: Iterable[ItemResult], singles: Sequence[str]) -> list[ItemResult]:
+    """Per item, the best single worker: a right one (the cheapest), else the cheapest."""
+    by_item: dict[tuple[str, str], list[ItemResult]] = defaultdict(list)
+    for r in results:
+        if r.strategy in singles:
+            by_item[(r.suite, r.item_id)].append(r)
+    out = []
+    for runs in by_item.values():
+        if len(runs) < len(singles):
+            continue  # not every worker has answered it yet
+        pick = min(runs, key=lambda r: (not r.correct, r.cost_usd, r.tokens))
+        out.append(pick.model_copy(update={"strategy": "oracle"}))
+    return out
+
+
+def summarize(
+    results: Sequence[ItemResult], strategies: Sequence[Strategy]
+) -> dict[str, list[StrategyRow]]:
+    """Rows per suite, best accuracy first."""
+    singles = [s.name for s in strategies if s.kind is Kind.SINGLE]
+    kinds = {s.name: s.kind for s in strategies}
+    everything = list(results)
+    if any(s.kind is Kind.ORACLE for s in strategies):
+        everything += oracle_results(results, singles)
+    grouped: dict[str, dict[str, list[ItemResult]]] = defaultdict(lambda: defaultdict(list))
+    for r in everything:
+        if r.strategy in kinds:
+            grouped[r.suite][r.strategy].append(r)
+    return {
+        suite: sorted(
+            (_row(name, kinds[name], rows) for name, rows in by_strategy.items()),
+            key=lambda row: (-row.accuracy, row.cost_per_question_usd, row.strategy),
+        )
+        for suite, by_strategy in grouped.items()
+    }
+
+
+def _row(name: str, kind: Kind, rows: list[ItemResult]) -> StrategyRow:
+    n = len(rows)
+    correct = sum(r.correct for r in rows)
+    latencies = [r.latency_ms / 1000 for r in rows]
+    valid = [r.plan_valid for r in rows if r.plan_valid is not None]
+    return StrategyRow(
+        strategy=name,
+        kind=kind.value,
+        n=n,
+        correct=correct,
+        accuracy=correct / n if n else 0.0,
+        ci95=wilson(correct, n),
+        tokens_per_question=sum(r.tokens for r in rows) / n if n else 0.0,
+        cost_per_question_usd=sum(r.cost_usd for r in rows) / n if n else 0.0,
+        steps_per_question=sum(r.steps for r in rows) / n if n else 0.0,
+        latency_p50_s=percentile(latencies, 0.5),
+        latency_p95_s=percentile(latencies, 0.95),
+        failed=sum(r.status != "completed" for r in rows),
+        plan_valid_rate=sum(valid) / len(valid) if valid else None,
+        mean_reward=(
+            sum(method_reward(valid=r.plan_valid is not False, correct=r.correct) for r in rows) / n
+            if n
+            else 0.0
+        ),
+    )
+
+
+def render_markdown(
+    summary: dict[str, list[StrategyRow]], meta: dict[str, Any], plot_file: str | None
+) -> str:
+    lines = ["# Conductor evaluation", ""]
+    simulated = meta.get("simulated_workers") or []
+    if simulated:
+        lines += [
+            f"> **Simulated workers**: {', '.join(simulated)} are the `sim` provider, a "
+            "simulator that answers right with configured per-domain probabilities, not LLMs. "
+            "These figures measure orchestration on that simulator, not model quality.",
+            "",
+        ]
+    lines += [
+        f"- Pool: {meta['pool_label']} ({', '.join(meta['workers'])})",
+        f"- Conductor: {meta['planner']}",
+        f"- Items per suite: at most {meta['limit']} (seed {meta['seed']})"
+        + (", from the held-out share training never sees" if meta.get("held_out") else ""),
+        f"- Generated: {meta['generated_at']}",
+        f"- Command: `{meta['command']}`",
+        "",
+    ]
+    for suite, rows in summary.items():
+        lines += [
+            f"## {suite}",
+            "",
+            "| strategy | accuracy | 95% CI | n | tokens/q | cost/q (USD) | steps/q "
+            "| latency p50 (s) | p95 (s) | failed | plan valid | reward |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in rows:
+            valid = "" if r.plan_valid_rate is None else f"{r.plan_valid_rate:.0%}"
+            lines.append(
+                f"| {r.strategy} | {r.accuracy:.1%} | {r.ci95[0]:.1%} - {r.ci95[1]:.1%} | {r.n} "
+                f"| {r.tokens_per_question:,.0f} | {r.cost_per_question_usd:.6f} "
+                f"| {r.steps_per_question:.2f} | {r.latency_p50_s:.2f} | {r.latency_p95_s:.2f} "
+                f"| {r.failed} | {valid} | {r.mean_reward:.3f} |"
+            )
+        lines.append("")
+    lines += [
+        "Accuracy is the share of items whose final answer the suite's verifier accepts; a "
+        "workflow that failed counts as wrong. The oracle is, per item, the cheapest single "
+        "worker that was right (an upper bound for routing, not a strategy one can run). "
+        "Reward is the method's training reward, averaged: 0 for a Conductor plan that does not "
+        "parse or validate, 0.5 for a wrong answer, 1 for a right one. An invalid plan is "
+        "replaced by one step on worker 0, so it can be right and still earn 0.",
+        "",
+    ]
+    if plot_file:
+        lines += [f"![accuracy against cost]({plot_file})", ""]
+    return "\n".join(lines)
+
+
+def report_json(summary: dict[str, list[StrategyRow]], meta: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **meta,
+        "suites": {
+            suite: [row.model_dump(mode="json") for row in rows] for suite, rows in summary.items()
+        },
+    }

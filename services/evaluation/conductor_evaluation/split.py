@@ -1,0 +1,35 @@
+"""The held-out split: the share of each suite that training never uses and evaluation scores.
+
+The split is by item key alone, so the same items are held out in every run whatever its seed,
+and ``conductor eval --held-out`` never scores an item a Conductor was trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+from conductor_evaluation.datasets import load_suite
+from conductor_evaluation.items import EvalItem
+
+HELD_OUT_SHARE = 0.2  # of each suite's items, never trained on: the evaluation's share
+
+
+def is_held_out(item: EvalItem) -> bool:
+    """A split by the item's key alone: the same items are held out in every run, whatever the
+    seed, so ``conductor eval --held-out`` never scores an item a Conductor trained on."""
+    digest = hashlib.sha256(item.key.encode()).digest()
+    return int.from_bytes(digest[:4], "big") / 2**32 < HELD_OUT_SHARE
+
+
+def split_items(
+    suites: Sequence[str], *, limit: int | None, seed: int
+) -> tuple[list[EvalItem], list[EvalItem]]:
+    """(training items, held-out items) of each suite, at most ``limit`` training items each."""
+    train: list[EvalItem] = []
+    held: list[EvalItem] = []
+    for suite in suites:
+        items = load_suite(suite, seed=seed)
+        train += [i for i in items if not is_held_out(i)][:limit]
+        held += [i for i in items if is_held_out(i)]
+    return train, held

@@ -1,0 +1,156 @@
+"""Runs workflows in-process: the embedded driver of the workflow state machine.
+
+The machine (conductor.machine) decides; this driver performs its actions as asyncio tasks, so
+every step whose access list is satisfied runs at once and independent steps overlap in time,
+and applies what each task returns as a fact. Observers see the events as they happen; the
+trace store, the CLI's live view and the API's event announcements are observers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+
+from conductor.errors import ConfigurationError, InvalidRequest, StepCallFailed
+from conductor.machine import (
+    Aborted,
+    Action,
+    Fact,
+    PlanFailed,
+    PlanReady,
+    RequestPlan,
+    StepFailed,
+    StepSucceeded,
+    WorkflowMachine,
+)
+from conductor.orchestration import check_question
+from conductor.pool import Pool
+from conductor.ports import Planner, StepRunner, WorkflowObserver
+from conductor.variants import Variant
+from conductor.workflow import PoolEntry, WorkflowRecord
+
+logger = logging.getLogger(__name__)
+
+
+def step_error(exc: BaseException) -> str:
+    """How a failed step call is recorded: the error class and its message."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+class WorkflowExecutor:
+    def __init__(
+        self,
+        *,
+        planner: Planner,
+        pool: Pool,
+        gateway: StepRunner,
+        observers: Sequence[WorkflowObserver] = (),
+    ) -> None:
+        callable_names = gateway.worker_names
+        missing = sorted(callable_names - {w.name for w in pool.workers})
+        if missing:
+            raise ConfigurationError(f"workers not in the pool: {', '.join(missing)}")
+        self.planner = planner
+        self.pool = pool
+        self.gateway = gateway
+        self.observers = list(observers)
+        # The Conductor sees the callable workers, in pool order, as Model 0..N-1.
+        self.entries = [
+            PoolEntry(name=w.name, description=w.description)
+            for w in pool.workers
+            if w.name in callable_names
+        ]
+
+    async def run(
+        self,
+        question: str,
+        variant: Variant,
+        *,
+        workflow_id: uuid.UUID | None = None,
+        pool: Sequence[str] | None = None,
+        created_at: datetime | None = None,
+    ) -> WorkflowRecord:
+        """Run one workflow; ``pool`` limits the workers the Conductor sees (None: all)."""
+        check_question(question)
+        entries = self.entries_for(pool)
+        if not entries:
+            raise ConfigurationError("no worker in the pool can be called")
+        machine = WorkflowMachine.start(
+            workflow_id=workflow_id or uuid.uuid4(),
+            question=question,
+            variant=variant,
+            entries=entries,
+            created_at=created_at,
+        )
+        tasks: set[asyncio.Task[Fact]] = set()
+        try:
+            await self._deliver(machine)
+            async with asyncio.timeout(variant.workflow_timeout_s):
+                while True:
+                    for action in machine.advance():
+                        tasks.add(asyncio.create_task(self._perform(machine, action)))
+                    await self._deliver(machine)
+                    if not tasks or machine.state.finished:
+                        break  # an ended workflow waits for nothing: the rest is cancelled
+                    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        tasks.discard(task)
+                        machine.apply(task.result())
+                    await self._deliver(machine)
+        except TimeoutError:
+            reason = f"no answer within the workflow deadline of {variant.workflow_timeout_s:g} s"
+            machine.apply(Aborted(reason))
+        except asyncio.CancelledError:
+            machine.apply(Aborted("cancelled before it finished"))
+            raise
+        except Exception as exc:  # recorded, never lost: the trace says what went wrong
+            machine.apply(Aborted(f"internal error: {type(exc).__name__}: {exc}"))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._deliver(machine)
+        return machine.result
+
+    def entries_for(self, names: Sequence[str] | None) -> list[PoolEntry]:
+        """The callable workers among ``names``, in pool order; unknown names are refused."""
+        if names is None:
+            return list(self.entries)
+        unknown = sorted(set(names) - {e.name for e in self.entries})
+        if unknown:
+            raise InvalidRequest(f"workers not in the pool: {', '.join(unknown)}")
+        return [e for e in self.entries if e.name in set(names)]
+
+    async def _perform(self, machine: WorkflowMachine, action: Action) -> Fact:
+        """Run one action; returns what happened, applied on the driver's turn."""
+        variant = machine.state.variant
+        if isinstance(action, RequestPlan):
+            try:
+                return PlanReady(action.round, await self.planner.plan(action.request))
+            except Exception as exc:
+                return PlanFailed(action.round, str(exc))
+        try:
+            async with asyncio.timeout(variant.step_timeout_s):
+                call = await self.gateway.call(action.worker, action.messages)
+        except TimeoutError:
+            return StepFailed(action.step, f"no answer within {variant.step_timeout_s:g} s")
+        except Exception as exc:
+            attempts = tuple(exc.attempts) if isinstance(exc, StepCallFailed) else ()
+            return StepFailed(action.step, step_error(exc), attempts)
+        return StepSucceeded(action.step, call)
+
+    async def _deliver(self, machine: WorkflowMachine) -> None:
+        """Tell the observers what the machine recorded since the last delivery, in order."""
+        events = machine.take_events()
+        if not events:
+            return
+        for observer in self.observers:
+            try:
+                await observer.observe(machine.result, events)
+            except Exception:
+                # One failing observer is logged and skipped: the workflow and the others carry
+                # on (an unreachable trace database must not lose the answer).
+                logger.exception("observer %s failed; continuing", type(observer).__name__)

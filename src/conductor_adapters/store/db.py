@@ -1,0 +1,194 @@
+"""Database engines, migrations and the start-up wait for the trace database.
+
+Supported URLs: ``sqlite:///PATH`` (embedded mode, the default) and Postgres through psycopg 3.
+A plain ``postgresql://`` (or ``postgres://``) URL, as ``psql``, Heroku and most operators
+write it, is switched to ``postgresql+psycopg://`` transparently: psycopg 3 is the driver this
+project installs, and SQLAlchemy's default for the bare scheme (psycopg2) is not installed.
+An explicit driver (``postgresql+psycopg2://``, ``postgresql+asyncpg://``) is left alone.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.pool import StaticPool
+
+from conductor.errors import ConfigurationError, DatabaseUnavailableError
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+# Serialises concurrent `upgrade` calls (several replicas starting at once) on Postgres.
+_MIGRATION_LOCK_ID = 0x436F6E64  # "Cond"
+_PASSWORD_IN_URL = re.compile(r"(://[^:/@]*:)[^@]*@")
+
+
+def redact_url(url: str | URL) -> str:
+    """The URL with its password replaced by ``***``, safe for logs and error messages."""
+    try:
+        parsed = url if isinstance(url, URL) else make_url(url)
+    except ArgumentError:
+        return _PASSWORD_IN_URL.sub(r"\1***@", str(url))
+    return parsed.render_as_string(hide_password=True)
+
+
+def normalize_url(url: str | URL) -> URL:
+    """Parse ``url``, switching the bare Postgres scheme to psycopg 3 (see module docstring)."""
+    try:
+        parsed = url if isinstance(url, URL) else make_url(url)
+    except ArgumentError as exc:
+        raise ConfigurationError(
+            f"invalid database URL {redact_url(url)!r}: use sqlite:///PATH or "
+            "postgresql+psycopg://USER:PASSWORD@HOST:PORT/DBNAME"
+        ) from exc
+    if parsed.drivername in {"postgresql", "postgres"}:
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in {"sqlite", "postgresql"}:
+        raise ConfigurationError(
+            f"unsupported database {redact_url(parsed)!r}: use SQLite or PostgreSQL"
+        )
+    return parsed
+
+
+def _is_memory_sqlite(url: URL) -> bool:
+    return url.database in {None, "", ":memory:"} or "mode=memory" in str(url.query)
+
+
+def make_engine(url: str | URL) -> Engine:
+    """A sync engine configured for this project's use of SQLite or Postgres."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() == "postgresql":
+        return create_engine(parsed, pool_pre_ping=True)
+
+    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
+    if _is_memory_sqlite(parsed):
+        kwargs["poolclass"] = StaticPool  # one shared connection, or each sees an empty DB
+    else:
+        assert parsed.database is not None
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(parsed, **kwargs)
+    event.listen(engine, "connect", _sqlite_on_connect)
+    return engine
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    """SQLite leaves foreign keys off per connection; WAL lets readers run beside a writer."""
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA journal_mode=WAL")
+    finally:
+        cursor.close()
+
+
+def alembic_config(url: str | URL | None = None) -> Config:
+    """An Alembic config built in code, so no alembic.ini is needed at run time."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if url is not None:
+        rendered = normalize_url(url).render_as_string(hide_password=False)
+        config.set_main_option("sqlalchemy.url", rendered.replace("%", "%%"))
+    return config
+
+
+def upgrade(url: str | URL, revision: str = "head") -> None:
+    """Migrate the database to ``revision``; running it again when up to date does nothing."""
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                connection.execute(
+                    text("SELECT pg_advisory_xact_lock(:id)"), {"id": _MIGRATION_LOCK_ID}
+                )
+            config = alembic_config(url)
+            config.attributes["connection"] = connection
+            command.upgrade(config, revision)
+    finally:
+        engine.dispose()
+
+
+def ensure_database(url: str | URL) -> None:
+    """Create the Postgres database named in ``url`` if it does not exist (local set-ups)."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() != "postgresql" or not parsed.database:
+        return
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,63}", parsed.database):
+        raise ConfigurationError(
+            f"database name {parsed.database!r}: create it yourself, or use letters, digits, "
+            "_ and -"
+        )
+    wait_for_database(parsed.set(database="postgres"))
+    admin = make_engine(parsed.set(database="postgres"))
+    try:
+        with admin.execution_options(isolation_level="AUTOCOMMIT").connect() as connection:
+            exists = connection.execute(
+                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": parsed.database}
+            ).scalar()
+            if not exists:
+                connection.execute(text(f'CREATE DATABASE "{parsed.database}"'))
+    finally:
+        admin.dispose()
+
+
+def check_schema(url: str | URL) -> None:
+    """Refuse to run on a database whose schema is not the latest one (services do not migrate
+    on their own: one ``conductor db upgrade`` per release, not one per replica)."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            current = MigrationContext.configure(connection).get_current_revision()
+    finally:
+        engine.dispose()
+    if current != head:
+        raise ConfigurationError(
+            f"the database {redact_url(url)} is at schema {current or 'none'}, not {head}: "
+            "run `conductor db upgrade` first"
+        )
+
+
+def wait_for_database(url: str | URL, timeout_s: float = 30.0) -> None:
+    """Block until the database answers ``SELECT 1``; start-up waits on it rather than crash.
+
+    Raises DatabaseUnavailableError naming the URL (password hidden) and the last error.
+    """
+    engine = make_engine(url)
+    deadline = time.monotonic() + timeout_s
+    delay = 0.1
+    try:
+        while True:
+            try:
+                with engine.connect() as connection:
+                    connection.execute(text("SELECT 1"))
+                return
+            except SQLAlchemyError as exc:
+                last = exc
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 2.0)
+    finally:
+        engine.dispose()
+    raise DatabaseUnavailableError(_unavailable_message(url, timeout_s, last))
+
+
+def _unavailable_message(url: str | URL, timeout_s: float, exc: SQLAlchemyError) -> str:
+    cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    reason = cause[0] if cause else type(exc).__name__
+    parsed = normalize_url(url)
+    if parsed.password:
+        reason = reason.replace(str(parsed.password), "***")
+    return (
+        f"cannot connect to the database {redact_url(parsed)} within {timeout_s:g}s: {reason}. "
+        "Start the database server, or point CONDUCTOR_DATABASE_URL at a reachable one."
+    )

@@ -1,0 +1,134 @@
+"""API keys: each belongs to one tenant and may be limited to some workers of the pool.
+
+A key reads ``cnd_<id>_<secret>``. The id is public (it names the key in listings and logs);
+the secret is 32 random bytes, shown once when the key is made and stored only as its SHA-256.
+A fast hash fits here, unlike for passwords: the secret is random and long, so there is
+nothing to guess, and checking a key on every request must stay cheap. Comparison is constant
+time, and a revoked or unknown key is refused the same way as a wrong secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from datetime import UTC, datetime
+
+from pydantic import BaseModel
+from sqlalchemy import Engine, insert, select, update
+
+from conductor.errors import InvalidRequest
+from conductor_adapters.store.models import api_key_table
+
+KEY_PREFIX = "cnd"
+_TENANT = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+_KEY = re.compile(rf"{KEY_PREFIX}_([0-9a-f]{{12}})_([A-Za-z0-9_-]{{43}})")
+
+
+class ApiKey(BaseModel):
+    """A key as the system knows it; never its secret."""
+
+    id: str
+    tenant: str
+    name: str
+    allowed_pool: list[str] | None
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+class NewKey(BaseModel):
+    key: ApiKey
+    secret: str  # the whole key, to hand to the client once
+
+
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def check_tenant(tenant: str) -> str:
+    if not _TENANT.fullmatch(tenant):
+        raise InvalidRequest(
+            f"tenant {tenant!r}: use 1 to 63 lowercase letters, digits, '-' or '_', starting "
+            "with a letter or digit"
+        )
+    return tenant
+
+
+def create_key(
+    engine: Engine,
+    tenant: str,
+    *,
+    name: str = "",
+    allowed_pool: list[str] | None = None,
+    known_workers: set[str] | None = None,
+) -> NewKey:
+    """Make a key; ``known_workers`` (the pool) refuses allowed workers it does not have."""
+    check_tenant(tenant)
+    if allowed_pool is not None:
+        if not allowed_pool:
+            raise InvalidRequest("an allowed pool must name at least one worker")
+        unknown = sorted(set(allowed_pool) - (known_workers or set(allowed_pool)))
+        if unknown:
+            raise InvalidRequest(f"workers not in the pool: {', '.join(unknown)}")
+    key_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
+    key = ApiKey(
+        id=key_id,
+        tenant=tenant,
+        name=name,
+        allowed_pool=allowed_pool,
+        created_at=datetime.now(UTC),
+    )
+    with engine.begin() as conn:
+        conn.execute(
+            insert(api_key_table).values(
+                **key.model_dump(exclude={"revoked_at"}), secret_sha256=_digest(secret)
+            )
+        )
+    return NewKey(key=key, secret=f"{KEY_PREFIX}_{key_id}_{secret}")
+
+
+def authenticate(engine: Engine, presented: str) -> ApiKey | None:
+    """The key ``presented`` is, if it is a live one; None otherwise (whatever the reason)."""
+    match = _KEY.fullmatch(presented.strip())
+    if match is None:
+        return None
+    key_id, secret = match.groups()
+    with engine.connect() as conn:
+        row = (
+            conn.execute(select(api_key_table).where(api_key_table.c.id == key_id))
+            .mappings()
+            .one_or_none()
+        )
+    if row is None or row["revoked_at"] is not None:
+        return None
+    if not hmac.compare_digest(row["secret_sha256"], _digest(secret)):
+        return None
+    return ApiKey.model_validate(dict(row))
+
+
+def list_keys(engine: Engine, tenant: str | None = None) -> list[ApiKey]:
+    query = select(api_key_table).order_by(api_key_table.c.created_at)
+    if tenant is not None:
+        query = query.where(api_key_table.c.tenant == tenant)
+    with engine.connect() as conn:
+        return [ApiKey.model_validate(dict(row)) for row in conn.execute(query).mappings()]
+
+
+def revoke_key(engine: Engine, key_id: str) -> bool:
+    """Revoke a key by id; False when no live key has that id."""
+    with engine.begin() as conn:
+        done = conn.execute(
+            update(api_key_table)
+            .where(api_key_table.c.id == key_id)
+            .where(api_key_table.c.revoked_at.is_(None))
+            .values(revoked_at=datetime.now(UTC))
+        )
+    return bool(done.rowcount)
+
+
+def any_key_exists(engine: Engine) -> bool:
+    """Whether any live key exists: an embedded server runs open only while none does."""
+    with engine.connect() as conn:
+        query = select(api_key_table.c.id).where(api_key_table.c.revoked_at.is_(None)).limit(1)
+        return conn.execute(query).first() is not None

@@ -1,0 +1,197 @@
+"""Trace tables: one row per workflow, per step and per provider call (attempt).
+
+The tables live in their own ``MetaData`` with a naming convention, so every constraint and
+index has a stable name on SQLite and Postgres alike; the hand-written Alembic migrations use
+the same names and a test checks that the migrated schema matches these classes exactly.
+
+There is no Create layer: traces are written only from the domain records in
+``conductor.workflow`` (``WorkflowRecord`` is the input model), never from user input.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Column, Index, MetaData, Table, Text, UniqueConstraint, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import registry
+from sqlalchemy.types import TypeEngine
+from sqlmodel import Field, SQLModel, UTCDateTime
+
+NAMING_CONVENTION: dict[str, str] = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+# JSONB on Postgres (indexable, compact); JSON text elsewhere.
+JSON_TYPE: TypeEngine[Any] = JSON().with_variant(JSONB(), "postgresql")
+
+
+def _json_column() -> Any:
+    """A non-null JSON list; ``default=list`` also covers Core inserts, which skip pydantic."""
+    return Column(JSON_TYPE, nullable=False, default=list)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class DbModel(SQLModel, registry=registry(metadata=metadata)):
+    """Base of every table in the Conductor database (one metadata, one migration history)."""
+
+
+class WorkflowRow(DbModel, table=True):
+    """One workflow: the request, what the Conductor wrote, and what it cost."""
+
+    __tablename__ = "workflow"
+
+    id: uuid.UUID = Field(default_factory=uuid.uuid4, primary_key=True)
+    tenant: str = Field(default="default", index=True)
+    variant: str
+    question: str = Field(sa_type=Text)
+    status: str = Field(index=True)
+    # Workers as configured when the workflow ran (names of key variables, never keys).
+    pool_snapshot: list[dict[str, Any]] = Field(default_factory=list, sa_column=_json_column())
+    # One PlanOutcome per Conductor call: raw output, validity, errors, usage.
+    planner_calls: list[dict[str, Any]] = Field(default_factory=list, sa_column=_json_column())
+    # The executed steps, all rounds: {round, model_id, worker, subtask, access_list}.
+    plan: list[dict[str, Any]] = Field(default_factory=list, sa_column=_json_column())
+    plan_valid: bool = False
+    answer: str | None = Field(default=None, sa_type=Text)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    total_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_ms: float = 0.0
+    feedback: float | None = None
+    error: str | None = Field(default=None, sa_type=Text)
+    # Free-form metadata the client submitted (e.g. its request id); never shown to a model.
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        sa_column=Column(JSON_TYPE, nullable=False, default=dict, server_default=text("'{}'")),
+    )
+    created_at: datetime = Field(default_factory=_utcnow, sa_type=UTCDateTime(), index=True)
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
+
+
+class StepRow(DbModel, table=True):
+    """One step of a workflow; ``index`` is global across recursion rounds.
+
+    The unique (workflow_id, index) constraint is also the index for workflow_id lookups.
+    """
+
+    __tablename__ = "step"
+    __table_args__ = (UniqueConstraint("workflow_id", "index"),)
+
+    id: uuid.UUID = Field(default_factory=uuid.uuid4, primary_key=True)
+    workflow_id: uuid.UUID = Field(foreign_key="workflow.id", ondelete="CASCADE")
+    index: int
+    round: int = 0
+    kind: str = "worker"
+    worker: str
+    subtask: str = Field(sa_type=Text)
+    access_list: list[int | str] = Field(default_factory=list, sa_column=_json_column())
+    visible_steps: list[int] = Field(default_factory=list, sa_column=_json_column())
+    status: str
+    output: str | None = Field(default=None, sa_type=Text)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    total_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_ms: float = 0.0
+    started_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
+    finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
+    error: str | None = Field(default=None, sa_type=Text)
+
+
+class AttemptRow(DbModel, table=True):
+    """One provider call made for a step (retries and fallbacks each get a row)."""
+
+    __tablename__ = "attempt"
+    __table_args__ = (UniqueConstraint("step_id", "number"),)
+
+    id: uuid.UUID = Field(default_factory=uuid.uuid4, primary_key=True)
+    step_id: uuid.UUID = Field(foreign_key="step.id", ondelete="CASCADE")
+    number: int
+    worker: str | None = None  # who was called: the step's worker or one of its fallbacks
+    status: str
+    error_class: str | None = None
+    error: str | None = Field(default=None, sa_type=Text)
+    status_code: int | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_ms: float = 0.0
+    quota_wait_ms: float = 0.0
+    started_at: datetime = Field(sa_type=UTCDateTime())
+
+
+class WorkflowRunRow(DbModel, table=True):
+    """A workflow's live state in distributed mode: what an aggregator locks, loads and saves.
+
+    ``state`` is a serialised conductor.machine.WorkflowState (NULL while queued); the sweeper
+    finds the rows whose ``next_deadline_at`` has passed through the (status, deadline) index.
+    """
+
+    __tablename__ = "workflow_run"
+    __table_args__ = (Index("ix_workflow_run_due", "status", "next_deadline_at"),)
+
+    workflow_id: uuid.UUID = Field(foreign_key="workflow.id", primary_key=True, ondelete="CASCADE")
+    status: str
+    # What was submitted: question, variant, pool names, metadata.
+    request: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column(JSON_TYPE, nullable=False)
+    )
+    state: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON_TYPE, nullable=True))
+    next_deadline_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
+    updated_at: datetime = Field(default_factory=_utcnow, sa_type=UTCDateTime())
+
+
+class WorkflowEventRow(DbModel, table=True):
+    """One event of a workflow, numbered from 1: what clients stream and replay."""
+
+    __tablename__ = "workflow_event"
+
+    workflow_id: uuid.UUID = Field(foreign_key="workflow.id", primary_key=True, ondelete="CASCADE")
+    sequence: int = Field(primary_key=True)
+    kind: str
+    at: datetime = Field(sa_type=UTCDateTime())
+    payload: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column(JSON_TYPE, nullable=False)
+    )
+
+
+class ApiKeyRow(DbModel, table=True):
+    """An API key: its public id and the SHA-256 of its secret, never the secret itself."""
+
+    __tablename__ = "api_key"
+
+    id: str = Field(primary_key=True, max_length=32)  # the key's public part, e.g. "a1b2c3d4"
+    tenant: str = Field(index=True)
+    secret_sha256: str
+    name: str = ""
+    # Worker names this key may put in a request's pool; NULL: any worker of the pool.
+    allowed_pool: list[str] | None = Field(default=None, sa_column=Column(JSON_TYPE, nullable=True))
+    created_at: datetime = Field(default_factory=_utcnow, sa_type=UTCDateTime())
+    revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
+
+
+workflow_table: Table = metadata.tables["workflow"]
+step_table: Table = metadata.tables["step"]
+attempt_table: Table = metadata.tables["attempt"]
+run_table: Table = metadata.tables["workflow_run"]
+event_table: Table = metadata.tables["workflow_event"]
+api_key_table: Table = metadata.tables["api_key"]

@@ -1,0 +1,69 @@
+"""Keeping provider keys out of traces: a trace never holds a provider key.
+
+Pool snapshots are built from WorkerSpec, which holds only the *name* of a key variable, but a
+trace is forever: credential fields are dropped, and the value of every secret-looking
+environment variable is blanked wherever it appears (a Gemini ``?key=`` URL, an error message
+that echoes the key).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from typing import Any
+
+REDACTED = "[redacted]"
+# Keys that hold credentials in a worker dict; "api_key_env" (a variable's name) is kept.
+_SECRET_KEY = re.compile(
+    r"^(api_?key|key|secret|password|passwd|token|access_token|authorization|headers|"
+    r"extra_headers|cookies?|credentials?)$|_(api_?key|secret|password|token)$",
+    re.IGNORECASE,
+)
+_SECRET_ENV_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+
+
+def secret_values(env_names: Iterable[str] = ()) -> list[str]:
+    """Values of secret-looking environment variables, plus those named in ``env_names``."""
+    names = {name for name in os.environ if _SECRET_ENV_NAME.search(name)} | set(env_names)
+    values = {os.environ.get(name, "") for name in names}
+    return sorted((v for v in values if len(v) >= 8), key=len, reverse=True)
+
+
+def redact_text(text: str | None, secrets: list[str]) -> str | None:
+    if text is None:
+        return None
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
+
+
+def redact_strings(value: Any, secrets: list[str]) -> Any:
+    """``value`` (JSON-like) with every secret blanked in every string it holds."""
+    if isinstance(value, dict):
+        return {k: redact_strings(v, secrets) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_strings(v, secrets) for v in value]
+    if isinstance(value, str):
+        return redact_text(value, secrets)
+    return value
+
+
+def scrub_snapshot(snapshot: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop credential fields and blank out any key value, wherever it hides (URL, text)."""
+    env_names = {
+        value
+        for worker in snapshot
+        for key, value in worker.items()
+        if key.endswith("_env") and isinstance(value, str)
+    }
+    secrets = secret_values(env_names)
+
+    def scrub(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: scrub(v) for k, v in value.items() if not _SECRET_KEY.search(str(k))}
+        if isinstance(value, list | tuple):
+            return [scrub(v) for v in value]
+        return redact_strings(value, secrets)
+
+    return [scrub(worker) for worker in snapshot]

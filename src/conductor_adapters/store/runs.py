@@ -1,0 +1,173 @@
+"""Workflows in distributed mode: submitting one, and the row each aggregator locks to run it.
+
+A submitted workflow is a ``workflow`` trace row (status "queued") plus a ``workflow_run`` row
+holding the request, written in one transaction before the start message is sent. If that
+message is lost, the sweeper sends it again once ``next_deadline_at`` passes, so a submitted
+workflow is never forgotten. Aggregators serialise their changes to a workflow with one row
+lock (``SELECT ... FOR UPDATE`` on its ``workflow_run`` row).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from celery import Celery
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from sqlalchemy import Connection, Engine, Select, insert, select, update
+from sqlmodel import Session
+
+from conductor.machine import WorkflowMachine, WorkflowState, utcnow
+from conductor.messaging import AGGREGATOR_QUEUE, START_WORKFLOW_TASK
+from conductor.orchestration import check_question
+from conductor.variants import Variant
+from conductor.workflow import WorkflowStatus
+from conductor_adapters.store.models import WorkflowRow, run_table, workflow_table
+
+START_GRACE_S = 30.0  # a queued workflow not started by then has its start message sent again
+
+
+class SubmitRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    question: str
+    # Runs submitted before the rename stored "profile".
+    variant: Variant = Field(validation_alias=AliasChoices("variant", "profile"))
+    # Names of the workers the Conductor may use; None: every worker the aggregator can call.
+    pool: list[str] | None = None
+    tenant: str = "default"
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class RunRow(BaseModel):
+    workflow_id: uuid.UUID
+    status: str
+    request: SubmitRequest
+    state: WorkflowState | None
+    created_at: datetime
+
+
+def submit_workflow(
+    engine: Engine,
+    app: Celery,
+    request: SubmitRequest,
+    *,
+    workflow_id: uuid.UUID | None = None,
+) -> uuid.UUID:
+    """Record the workflow as queued, then ask an aggregator to start it.
+
+    The rows are committed before the message is sent: an aggregator never receives a start
+    for a workflow it cannot find. A start that is never sent is sent again by the sweeper.
+    """
+    check_question(request.question)
+    workflow_id = workflow_id or uuid.uuid4()
+    with engine.begin() as conn:
+        record_submission(conn, request, workflow_id, utcnow())
+    send_start(app, workflow_id)
+    return workflow_id
+
+
+def record_workflow(
+    conn: Connection, request: SubmitRequest, workflow_id: uuid.UUID, now: datetime
+) -> None:
+    """The workflow's trace row, "queued", with its tenant and labels (both modes)."""
+    with Session(bind=conn) as session:
+        session.add(
+            WorkflowRow(
+                id=workflow_id,
+                tenant=request.tenant,
+                variant=request.variant.name,
+                question=request.question,
+                status=WorkflowStatus.QUEUED.value,
+                labels=request.metadata,
+                created_at=now,
+            )
+        )
+        session.flush()
+
+
+def record_submission(
+    conn: Connection, request: SubmitRequest, workflow_id: uuid.UUID, now: datetime
+) -> None:
+    """The trace row and the run row an aggregator locks (distributed mode)."""
+    record_workflow(conn, request, workflow_id, now)
+    conn.execute(
+        insert(run_table).values(
+            workflow_id=workflow_id,
+            status=WorkflowStatus.QUEUED.value,
+            request=request.model_dump(mode="json"),
+            state=None,
+            next_deadline_at=now + timedelta(seconds=START_GRACE_S),
+            updated_at=now,
+        )
+    )
+
+
+def send_start(app: Celery, workflow_id: uuid.UUID) -> None:
+    app.send_task(START_WORKFLOW_TASK, args=[str(workflow_id)], queue=AGGREGATOR_QUEUE)
+
+
+def lock_run(conn: Connection, workflow_id: uuid.UUID) -> RunRow | None:
+    """The run, locked until the transaction ends (one aggregator at a time per workflow)."""
+    return _run_row(conn, _run_query(workflow_id).with_for_update(of=run_table))
+
+
+def load_run(conn: Connection, workflow_id: uuid.UUID) -> RunRow | None:
+    """The run as it is now, unlocked: for reads that do not change it."""
+    return _run_row(conn, _run_query(workflow_id))
+
+
+def _run_query(workflow_id: uuid.UUID) -> Select[Any]:
+    return (
+        select(run_table, workflow_table.c.created_at)
+        .join(workflow_table, workflow_table.c.id == run_table.c.workflow_id)
+        .where(run_table.c.workflow_id == workflow_id)
+    )
+
+
+def _run_row(conn: Connection, query: Select[Any]) -> RunRow | None:
+    row = conn.execute(query).mappings().one_or_none()
+    if row is None:
+        return None
+    state = WorkflowState.model_validate(row["state"]) if row["state"] is not None else None
+    return RunRow(
+        workflow_id=row["workflow_id"],
+        status=row["status"],
+        request=SubmitRequest.model_validate(row["request"]),
+        state=state,
+        created_at=row["created_at"],
+    )
+
+
+def save_run(conn: Connection, workflow_id: uuid.UUID, state: WorkflowState) -> None:
+    conn.execute(
+        update(run_table)
+        .where(run_table.c.workflow_id == workflow_id)
+        .values(
+            status=state.result.status.value,
+            state=state.model_dump(mode="json"),
+            next_deadline_at=WorkflowMachine(state).next_deadline(),
+            updated_at=utcnow(),
+        )
+    )
+
+
+def postpone_start(conn: Connection, workflow_id: uuid.UUID, now: datetime) -> None:
+    conn.execute(
+        update(run_table)
+        .where(run_table.c.workflow_id == workflow_id)
+        .values(next_deadline_at=now + timedelta(seconds=START_GRACE_S), updated_at=now)
+    )
+
+
+def due_runs(conn: Connection, now: datetime, limit: int = 100) -> list[uuid.UUID]:
+    """Unfinished runs whose next deadline has passed, earliest first."""
+    query = (
+        select(run_table.c.workflow_id)
+        .where(run_table.c.status.in_([WorkflowStatus.QUEUED.value, WorkflowStatus.RUNNING.value]))
+        .where(run_table.c.next_deadline_at <= now)
+        .order_by(run_table.c.next_deadline_at)
+        .limit(limit)
+    )
+    return list(conn.execute(query).scalars())

@@ -1,0 +1,64 @@
+"""``conductor aggregator``: runs workflows from the ``aggregator`` queue (distributed mode)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+import typer
+
+
+def aggregator(
+    concurrency: int | None = typer.Option(
+        None,
+        "--concurrency",
+        "-c",
+        min=1,
+        help="Messages handled at once (CONDUCTOR_AGGREGATOR_CONCURRENCY).",
+    ),
+    loglevel: str = typer.Option("INFO", "--loglevel", "-l"),
+) -> None:
+    """Run an aggregator: plans through the planner service, dispatches steps to the gateways,
+    records every workflow in Postgres and publishes its events.
+
+    Needs CONDUCTOR_BROKER_URL, CONDUCTOR_DATABASE_URL (PostgreSQL, migrated with `conductor db
+    upgrade`), CONDUCTOR_PLANNER_ADDR and the pool file the gateways use. Run as many replicas
+    as you like: each workflow is changed by one of them at a time (a row lock).
+    """
+    from celery.signals import worker_ready, worker_shutdown
+
+    from conductor.messaging import AGGREGATOR_QUEUE
+    from conductor_adapters.settings import get_settings
+    from conductor_aggregator.celery_app import Sweeper, shutdown
+    from conductor_aggregator.settings import AggregatorSettings
+    from conductor_cli.wiring import aggregator_celery
+
+    settings = AggregatorSettings.load()
+    app = aggregator_celery(get_settings(), settings)
+    app.conf.aggregator_get()  # connect now: a bad database or pool fails here, clearly
+    sweeper = Sweeper(app.conf.aggregator_get, settings.sweep_interval_s)
+    argv = [
+        "worker",
+        "--pool=threads",
+        f"--concurrency={concurrency or settings.aggregator_concurrency}",
+        f"--queues={AGGREGATOR_QUEUE}",
+        f"--loglevel={loglevel}",
+        f"--hostname=aggregator-{os.getpid()}@{socket.gethostname()}",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+
+    def announce(**_: object) -> None:
+        sweeper.start()
+        # Printed at any log level: scripts and tests wait for this line.
+        line = f"conductor aggregator: ready, consuming {AGGREGATOR_QUEUE}"
+        print(line, file=sys.stderr, flush=True)
+
+    worker_ready.connect(announce, weak=False)
+    worker_shutdown.connect(lambda **_: sweeper.stop(), weak=False)
+    try:
+        app.worker_main(argv)
+    finally:
+        sweeper.stop()
+        shutdown(app)

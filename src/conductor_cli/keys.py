@@ -1,0 +1,82 @@
+"""``conductor keys``: API keys of the public API, one tenant each."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+keys_app = typer.Typer(help="API keys: create, list, revoke.", no_args_is_help=True)
+
+
+def _engine() -> Engine:
+    from conductor_adapters.settings import get_settings
+    from conductor_adapters.store.db import check_schema, make_engine
+
+    url = get_settings().database_url
+    check_schema(url)
+    return make_engine(url)
+
+
+@keys_app.command("create")
+def create(
+    tenant: str = typer.Option(..., "--tenant", help="The tenant the key acts for."),
+    pool: str | None = typer.Option(
+        None, "--pool", help="Comma-separated workers the key may use. Default: every worker."
+    ),
+    name: str = typer.Option("", "--name", help="A label for listings."),
+) -> None:
+    """Make a key and print it once: it is stored only as a hash and cannot be shown again."""
+    from conductor_adapters.settings import get_settings, load_pool
+    from conductor_adapters.store.keys import create_key
+
+    allowed = [w.strip() for w in pool.split(",") if w.strip()] if pool is not None else None
+    known = {w.name for w in load_pool(get_settings()).workers}
+    engine = _engine()
+    try:
+        made = create_key(engine, tenant, name=name, allowed_pool=allowed, known_workers=known)
+    finally:
+        engine.dispose()
+    typer.echo(made.secret)
+    typer.echo(
+        f"key {made.key.id} for tenant {tenant!r} made; keep it now, it is not shown again",
+        err=True,
+    )
+
+
+@keys_app.command("list")
+def list_(
+    tenant: str | None = typer.Option(None, "--tenant", help="Only this tenant's keys."),
+) -> None:
+    """One JSON object per key (never its secret)."""
+    from conductor_adapters.store.keys import list_keys
+
+    engine = _engine()
+    try:
+        keys = list_keys(engine, tenant)
+    finally:
+        engine.dispose()
+    for key in keys:
+        typer.echo(json.dumps(key.model_dump(mode="json")))
+
+
+@keys_app.command("revoke")
+def revoke(
+    key_id: str = typer.Argument(..., help="The key's id, as `keys list` shows it."),
+) -> None:
+    """Revoke a key at once: requests with it are refused from now on."""
+    from conductor.errors import InvalidRequest
+    from conductor_adapters.store.keys import revoke_key
+
+    engine = _engine()
+    try:
+        revoked = revoke_key(engine, key_id)
+    finally:
+        engine.dispose()
+    if not revoked:
+        raise InvalidRequest(f"no live key {key_id!r}")
+    typer.echo(f"key {key_id} revoked", err=True)

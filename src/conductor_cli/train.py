@@ -1,0 +1,125 @@
+"""``conductor train``: teach the Conductor to orchestrate with GRPO on live rollouts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from conductor.errors import ConfigurationError
+from conductor_adapters.settings import get_settings
+
+
+def train_command(
+    suite: str = typer.Option(
+        "gsm8k", "--suite", "-s", help="Comma-separated suites to train on (as conductor eval)."
+    ),
+    pool: str = typer.Option(
+        "sim", "--pool", help="'sim' (the built-in simulated pool) or a pool YAML file."
+    ),
+    out: str = typer.Option("train-out", "--out", "-o", help="Output directory."),
+    steps: int = typer.Option(20, "--steps", min=1, help="Optimizer steps (the paper: 200)."),
+    questions: int = typer.Option(
+        2, "--questions-per-step", min=1, help="Questions per step (the paper: 4)."
+    ),
+    group: int = typer.Option(
+        4, "--group-size", min=2, help="Samples per question (the paper: 64)."
+    ),
+    learning_rate: float = typer.Option(1e-6, "--lr", help="AdamW learning rate (cosine)."),
+    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
+    max_tokens: int = typer.Option(
+        384, "--max-tokens", min=16, help="Longest Conductor output (the paper: 1024)."
+    ),
+    items: int = typer.Option(200, "--items", min=1, help="Training items per suite."),
+    randomized_pools: bool = typer.Option(
+        False, "--randomized-pools", help="Show each question a random subset of the workers."
+    ),
+    base_model: str | None = typer.Option(
+        None, "--base-model", help="A checkpoint dir, GGUF file or hub id (default: SmolLM2)."
+    ),
+    format_warmup: int = typer.Option(
+        0,
+        "--format-warmup",
+        min=0,
+        help="Supervised steps on random valid plans before GRPO, for base models that never "
+        "write the three lists (SmolLM2-135M: try 40).",
+    ),
+    recursion_stage: bool = typer.Option(
+        False,
+        "--recursion-stage",
+        help="The method's recursion stage (start it from a trained checkpoint with "
+        "--base-model): plans may hand back to the Conductor once, the policy plans that round.",
+    ),
+    first_round_discount: float = typer.Option(
+        0.25,
+        "--first-round-discount",
+        min=0.0,
+        max=1.0,
+        help="Recursion stage: reward factor for answers reached without recursing.",
+    ),
+    save_every: int = typer.Option(
+        10, "--save-every", min=0, help="Steps between resumable checkpoints (0: none)."
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Carry on from the last checkpoint in OUT/trainer."
+    ),
+    seed: int = typer.Option(0, "--seed"),
+    grpo: list[str] = typer.Option(  # noqa: B008 (typer's way to declare a repeated option)
+        [],
+        "--grpo",
+        help="More GRPOConfig fields as KEY=VALUE (repeatable), e.g. use_vllm=true, "
+        "vllm_mode=colocate, bf16=true, gradient_accumulation_steps=4, deepspeed=ds.json.",
+    ),
+) -> None:
+    """Train the Conductor with GRPO: each sampled plan runs on the pool and is verified
+    (reward 0 unparseable, 0.5 wrong, 1 right). Writes OUT/checkpoint (served by the planner's
+    transformers backend), OUT/metrics.jsonl and OUT/training_curve.png."""
+    from conductor_cli.wiring import in_process_gateway
+    from conductor_trainer.train import TrainOptions, train
+
+    options = TrainOptions(
+        suites=[s.strip() for s in suite.split(",") if s.strip()],
+        pool=pool,
+        out=Path(out),
+        steps=steps,
+        questions_per_step=questions,
+        group_size=group,
+        learning_rate=learning_rate,
+        temperature=temperature,
+        max_completion_tokens=max_tokens,
+        items_per_suite=items,
+        randomized_pools=randomized_pools,
+        base_model=base_model,
+        seed=seed,
+        format_warmup_steps=format_warmup,
+        save_every=save_every,
+        resume=resume,
+        recursion_stage=recursion_stage,
+        first_round_discount=first_round_discount,
+        extra=grpo_fields(grpo),
+    )
+    settings = get_settings()
+    outcome = train(options, settings, lambda pool: in_process_gateway(pool, settings))
+    typer.echo(f"trained on {outcome.train_items} items; checkpoint: {outcome.checkpoint}")
+    typer.echo(f"metrics: {outcome.metrics}")
+    typer.echo(f"curve: {outcome.curve}")
+    typer.echo(
+        "serve it: CONDUCTOR_PLANNER_BACKEND=transformers "
+        f"CONDUCTOR_PLANNER_MODEL={outcome.checkpoint} conductor serve"
+    )
+
+
+def grpo_fields(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; values read as JSON where they parse (true, 4, 0.5), else text."""
+    fields: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigurationError(f"--grpo {pair!r}: write KEY=VALUE")
+        try:
+            fields[key.strip()] = json.loads(value)
+        except ValueError:
+            fields[key.strip()] = value
+    return fields

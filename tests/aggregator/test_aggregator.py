@@ -1,0 +1,288 @@
+"""The aggregator's message handlers on real Postgres: duplicates change nothing, deadlines end
+every workflow, a lost start is sent again.
+
+The handlers are called directly (as a Celery task would call them) with a Celery app whose
+``send_task`` is recorded rather than published, so each test decides which message arrives and
+how often. The queues themselves are covered by test_executor.py and test_distributed_stack.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, func, select
+
+from conductor.chat import Usage
+from conductor.machine import utcnow
+from conductor.messaging import (
+    CALL_WORKER_TASK,
+    PLAN_ROUND_TASK,
+    START_WORKFLOW_TASK,
+    CallReply,
+    CallRequest,
+)
+from conductor.pool import Pool, Price, Provider, WorkerSpec
+from conductor.ports import StepCallResult
+from conductor.variants import BUILTIN_VARIANTS, Variant
+from conductor.workflow import AttemptRecord, WorkflowStatus
+from conductor_adapters.loop_thread import LoopThread
+from conductor_adapters.store.db import make_engine, upgrade
+from conductor_adapters.store.models import attempt_table, event_table, step_table
+from conductor_adapters.store.runs import SubmitRequest, load_run, record_submission
+from conductor_adapters.store.traces import TraceWrites
+from conductor_aggregator.service import Aggregator
+from conductor_planner import ConductorPlanner
+
+from fakes.scripted import ScriptedBackend, lists
+
+pytestmark = pytest.mark.postgres
+
+POOL = Pool(
+    workers=tuple(
+        WorkerSpec(
+            name=n,
+            provider=Provider.OPENAI_COMPATIBLE,
+            model=n,
+            base_url="http://127.0.0.1:9",
+            price=Price(input=1.0, output=1.0),
+        )
+        for n in ("alpha", "beta")
+    )
+)
+TWO_STEPS = lists([0, 1], ["Solve.", "Check."], [[], ["all"]])
+
+
+@dataclass
+class RecordingApp:
+    """Stands in for the Celery app's publishing side: records each message sent."""
+
+    sent: list[tuple[str, list[Any], str]] = field(default_factory=list)
+
+    def send_task(self, name: str, *, args: list[Any], queue: str) -> None:
+        self.sent.append((name, args, queue))
+
+    def take(self, name: str) -> list[list[Any]]:
+        taken = [args for sent, args, _ in self.sent if sent == name]
+        self.sent = [s for s in self.sent if s[0] != name]
+        return taken
+
+
+@pytest.fixture
+def engine(postgres_url: str) -> Iterator[Engine]:
+    upgrade(postgres_url)
+    engine = make_engine(postgres_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def loop() -> Iterator[LoopThread]:
+    thread = LoopThread("test-loop")
+    yield thread
+    thread.stop()
+
+
+def _aggregator(
+    engine: Engine, loop: LoopThread, outputs: list[str]
+) -> tuple[Aggregator, RecordingApp]:
+    app = RecordingApp()
+    aggregator = Aggregator(
+        engine=engine,
+        app=app,  # type: ignore[arg-type]
+        planner=ConductorPlanner(ScriptedBackend(outputs=outputs)),
+        loop=loop,
+        pool=POOL,
+        writes=TraceWrites("postgresql", POOL),
+    )
+    return aggregator, app
+
+
+def _submit(engine: Engine, variant: Variant = BUILTIN_VARIANTS["conductor-ultra"]) -> uuid.UUID:
+    workflow_id = uuid.uuid4()
+    with engine.begin() as conn:
+        request = SubmitRequest(question="What is 2 + 2?", variant=variant)
+        record_submission(conn, request, workflow_id, utcnow())
+    return workflow_id
+
+
+def _answer(call: list[Any], text: str = "4") -> CallReply:
+    request = CallRequest.model_validate(call[0])
+    attempt = AttemptRecord(
+        number=1,
+        worker=request.worker,
+        status="ok",
+        usage=Usage(prompt_tokens=3, completion_tokens=1),
+        cost_usd=4e-6,
+        started_at=utcnow(),
+    )
+    result = StepCallResult(
+        text=text, worker=request.worker, usage=attempt.usage, cost_usd=4e-6, attempts=[attempt]
+    )
+    return CallReply(
+        call_id=request.call_id,
+        ok=True,
+        result=result,
+        attempts=[attempt],
+        context=request.context,
+    )
+
+
+def _counts(engine: Engine) -> tuple[int, int, int]:
+    with engine.connect() as conn:
+        return tuple(  # type: ignore[return-value]
+            conn.execute(select(func.count()).select_from(t)).scalar()
+            for t in (step_table, attempt_table, event_table)
+        )
+
+
+def test_every_message_delivered_twice_changes_nothing(engine: Engine, loop: LoopThread) -> None:
+    # Given a submitted workflow and an aggregator
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS])
+    workflow_id = _submit(engine)
+
+    # When every message is delivered twice, answers included
+    aggregator.start(workflow_id)
+    aggregator.start(workflow_id)
+    [plan] = app.take(PLAN_ROUND_TASK)
+    aggregator.plan(uuid.UUID(plan[0]), plan[1])
+    aggregator.plan(uuid.UUID(plan[0]), plan[1])
+    [first] = app.take(CALL_WORKER_TASK)
+    aggregator.step_result(_answer(first))
+    counts_after_first = _counts(engine)
+    aggregator.step_result(_answer(first, "a different, later answer"))
+    assert _counts(engine) == counts_after_first
+    [second] = app.take(CALL_WORKER_TASK)
+    aggregator.step_result(_answer(second))
+    aggregator.step_result(_answer(second))
+
+    # Then it ran once: one plan, two steps sent once each, one attempt per step, events 1..n
+    with engine.connect() as conn:
+        run = load_run(conn, workflow_id)
+        events = conn.execute(
+            select(event_table.c.sequence, event_table.c.kind).order_by(event_table.c.sequence)
+        ).all()
+    assert run is not None
+    assert run.state is not None
+    result = run.state.result
+    assert result.status is WorkflowStatus.COMPLETED
+    assert len(result.planner_calls) == 1
+    assert result.answer == "4"
+    assert result.steps[0].output == "4"
+    assert app.sent == []
+    assert _counts(engine)[:2] == (2, 2)
+    assert [e.sequence for e in events] == list(range(1, len(events) + 1))
+    assert [e.kind for e in events] == [
+        "plan",
+        "step_started",
+        "step_finished",
+        "step_started",
+        "step_finished",
+        "completed",
+    ]
+
+
+def test_a_step_without_an_answer_is_sent_once_more_then_fails_the_workflow(
+    engine: Engine, loop: LoopThread
+) -> None:
+    # Given a running step whose worker never answers (its message or its answer was lost)
+    variant = BUILTIN_VARIANTS["conductor-ultra"].model_copy(update={"step_timeout_s": 5})
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS])
+    workflow_id = _submit(engine, variant)
+    aggregator.start(workflow_id)
+    [plan] = app.take(PLAN_ROUND_TASK)
+    aggregator.plan(workflow_id, plan[1])
+    [sent] = app.take(CALL_WORKER_TASK)
+
+    # When its deadline passes, and passes again
+    aggregator.sweep(utcnow() + timedelta(seconds=6))
+    [resent] = app.take(CALL_WORKER_TASK)
+    aggregator.sweep(utcnow() + timedelta(seconds=12))
+
+    # Then it was sent again once (a new call id, the same step), and then the workflow failed
+    # with the reason, its steps ended
+    assert (
+        CallRequest.model_validate(resent[0]).call_id != CallRequest.model_validate(sent[0]).call_id
+    )
+    assert CallRequest.model_validate(resent[0]).context == CallRequest.model_validate(
+        sent[0]
+    ).context.model_copy(update={"dispatch": 2})  # type: ignore[union-attr]
+    with engine.connect() as conn:
+        run = load_run(conn, workflow_id)
+    assert run is not None
+    assert run.state is not None
+    result = run.state.result
+    assert result.status is WorkflowStatus.FAILED
+    assert result.error is not None
+    assert "no answer within 5 s, sent 2 times" in result.error
+    assert [s.status.value for s in result.steps] == ["failed", "cancelled"]
+    assert app.sent == []
+
+
+def test_a_late_answer_after_the_resend_still_counts_once(engine: Engine, loop: LoopThread) -> None:
+    variant = BUILTIN_VARIANTS["conductor-mini"].model_copy(update={"step_timeout_s": 5})
+    aggregator, app = _aggregator(engine, loop, [lists([0], ["Answer."], [[]])])
+    workflow_id = _submit(engine, variant)
+    aggregator.start(workflow_id)
+    aggregator.plan(workflow_id, app.take(PLAN_ROUND_TASK)[0][1])
+    [sent] = app.take(CALL_WORKER_TASK)
+    aggregator.sweep(utcnow() + timedelta(seconds=6))
+    [resent] = app.take(CALL_WORKER_TASK)
+
+    # When both the first call and the resent one answer
+    aggregator.step_result(_answer(sent, "first"))
+    aggregator.step_result(_answer(resent, "second"))
+
+    # Then the first answer counts, once
+    with engine.connect() as conn:
+        run = load_run(conn, workflow_id)
+    assert run is not None
+    assert run.state is not None
+    assert run.state.result.answer == "first"
+    assert _counts(engine)[1] == 1
+
+
+def test_the_workflow_deadline_fails_a_workflow_waiting_on_its_plan(
+    engine: Engine, loop: LoopThread
+) -> None:
+    variant = BUILTIN_VARIANTS["conductor-ultra"].model_copy(update={"workflow_timeout_s": 30})
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS])
+    workflow_id = _submit(engine, variant)
+    aggregator.start(workflow_id)
+
+    aggregator.sweep(utcnow() + timedelta(seconds=31))
+
+    with engine.connect() as conn:
+        run = load_run(conn, workflow_id)
+    assert run is not None
+    assert run.status == "failed"
+    assert run.state is not None
+    assert run.state.result.error == "no answer within the workflow deadline of 30 s"
+    # The plan that arrives afterwards changes nothing
+    aggregator.plan(workflow_id, app.take(PLAN_ROUND_TASK)[0][1])
+    assert app.sent == []
+
+
+def test_a_lost_start_message_is_sent_again(engine: Engine, loop: LoopThread) -> None:
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS])
+    workflow_id = _submit(engine)
+
+    aggregator.sweep(utcnow() + timedelta(seconds=5))
+    assert app.take(START_WORKFLOW_TASK) == []  # still within its grace
+    aggregator.sweep(utcnow() + timedelta(seconds=31))
+
+    assert app.take(START_WORKFLOW_TASK) == [[str(workflow_id)]]
+
+
+def test_messages_for_unknown_workflows_are_ignored(engine: Engine, loop: LoopThread) -> None:
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS])
+
+    aggregator.start(uuid.uuid4())
+    aggregator.plan(uuid.uuid4(), 0)
+
+    assert app.sent == []
+    assert _counts(engine) == (0, 0, 0)

@@ -1,0 +1,581 @@
+"""The public API, driven by the official ``openai`` package, httpx and a gRPC client.
+
+The server is the real one on loopback; behind it runs the embedded runtime, or the
+distributed one (gRPC planner, aggregator and gateway on the Redis broker, Postgres). Only the
+models are scripted: a Conductor that solves with the first worker it is shown and has the
+second check, and workers with known answers, so answers and token counts can be checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import openai
+import pytest
+import redis.asyncio as aioredis
+
+from conductor.variants import BUILTIN_VARIANTS
+from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
+from conductor_adapters.store.db import make_engine
+from conductor_adapters.store.keys import create_key, revoke_key
+from conductor_api.distributed import DistributedWorkflows
+from conductor_gateway.client import QueuedStepRunner
+
+from fakes.api_server import LiveApi, TwoStepBackend, named_pool, scripted_service
+from fakes.distributed import distributed_stack
+from fakes.scripted import ScriptedWorker
+
+NAMES = ["alpha", "beta", "gamma"]
+
+
+def _answer(name: str) -> Any:
+    return lambda messages: f"{name} answers {len(messages)} message(s)"
+
+
+def _workers() -> list[ScriptedWorker]:
+    return [
+        ScriptedWorker("alpha", answer=_answer("alpha")),
+        ScriptedWorker("beta", answer=_answer("beta")),
+        ScriptedWorker("gamma", delay_s=0.6, answer=_answer("gamma")),  # slow: for events
+    ]
+
+
+@dataclass
+class Api:
+    server: LiveApi
+    key: str  # tenant acme, any worker
+    other_key: str  # tenant globex
+    alpha_key: str  # tenant acme, may use alpha only
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def client(self, key: str | None = None) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key or self.key, max_retries=0)
+
+    def http(self, key: str | None = None) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, headers={"Authorization": f"Bearer {key or self.key}"}, timeout=30
+        )
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        "embedded",
+        pytest.param("distributed", marks=[pytest.mark.postgres, pytest.mark.broker]),
+    ],
+)
+def api(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+    workers = _workers()
+    with ExitStack() as stack:
+        if request.param == "embedded":
+            database = tmp_path_factory.mktemp("api") / "conductor.db"
+            server = LiveApi(lambda: scripted_service(f"sqlite:///{database}", workers))
+        else:
+            database_url: str = request.getfixturevalue("module_postgres_url")
+            redis_url: str = request.getfixturevalue("redis_url")
+            prefix: str = request.getfixturevalue("module_redis_prefix")
+            running = stack.enter_context(distributed_stack(database_url, redis_url, prefix))
+            pool = named_pool(NAMES)
+            running.configure(TwoStepBackend(), pool, {w.name: w for w in workers})
+
+            def distributed_service() -> DistributedWorkflows:
+                redis = aioredis.Redis.from_url(redis_url)
+                return DistributedWorkflows(
+                    engine=make_engine(database_url),
+                    app=running.app,
+                    redis=redis,
+                    redis_prefix=prefix,
+                    runner=QueuedStepRunner(running.app, pool, redis, prefix=prefix),
+                    pool=pool,
+                    variants=BUILTIN_VARIANTS,
+                    default_variant="conductor-ultra",
+                    planner_addr=running.planner_server.address,
+                )
+
+            server = LiveApi(distributed_service)
+        stack.callback(server.close)
+        engine = server.service.engine
+        yield Api(
+            server=server,
+            key=create_key(engine, "acme").secret,
+            other_key=create_key(engine, "globex").secret,
+            alpha_key=create_key(engine, "acme", allowed_pool=["alpha"]).secret,
+        )
+
+
+def _workflow(api: Api, workflow_id: str, key: str | None = None) -> dict[str, Any]:
+    with api.http(key) as http:
+        response = http.get(f"/v1/workflows/{workflow_id}")
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _spent(workflow: dict[str, Any]) -> tuple[int, int]:
+    """Prompt and completion tokens of every Conductor call and every step."""
+    parts = [c["usage"] for c in workflow["planner_calls"]] + [
+        s["usage"] for s in workflow["steps"]
+    ]
+    return sum(p["prompt_tokens"] for p in parts), sum(p["completion_tokens"] for p in parts)
+
+
+def _check_usage(usage: Any, workflow: dict[str, Any]) -> None:
+    prompt, completion = _spent(workflow)
+    assert (usage.prompt_tokens, usage.completion_tokens) == (prompt, completion)
+    assert usage.total_tokens == prompt + completion == workflow["usage"]["total_tokens"]
+    assert prompt > 100  # the Conductor's 100 and the workers' own
+
+
+QUESTION = [{"role": "user", "content": "What is 6 * 7?"}]
+# alpha solves with the question alone; beta checks with alpha's turn (3 messages in all).
+ANSWER = "beta answers 3 message(s)"
+
+
+# -- OpenAI SDK ---------------------------------------------------------------------------------
+
+
+def test_a_chat_completion_is_a_workflow_with_its_usage_and_steps(api: Api) -> None:
+    response = api.client().chat.completions.create(model="conductor-ultra", messages=QUESTION)
+
+    assert response.choices[0].message.content == ANSWER
+    assert response.choices[0].finish_reason == "stop"
+    extra = response.model_extra["conductor"]
+    assert [s["worker"] for s in extra["steps"]] == ["alpha", "beta"]
+    assert extra["steps"][1]["output"] == ANSWER
+    assert extra["status"] == "completed"
+    workflow = _workflow(api, extra["workflow_id"])
+    assert workflow["answer"] == ANSWER
+    assert response.usage is not None
+    _check_usage(response.usage, workflow)
+
+
+def test_a_stream_sends_the_answer_then_usage_then_done(api: Api) -> None:
+    stream = api.client().chat.completions.create(
+        model="conductor-ultra",
+        messages=QUESTION,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ANSWER
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason == "stop"]
+    assert len(finals) == 1
+    extra = finals[0].model_extra["conductor"]
+    assert chunks[0].model_extra["conductor"]["workflow_id"] == extra["workflow_id"]
+    _check_usage(chunks[-1].usage, _workflow(api, extra["workflow_id"]))
+
+
+def test_a_stream_without_include_usage_has_no_usage_chunk(api: Api) -> None:
+    chunks = list(
+        api.client().chat.completions.create(model="conductor-mini", messages=QUESTION, stream=True)
+    )
+    assert all(c.usage is None for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "alpha answers 1 message(s)"
+
+
+def test_the_async_client_streams_and_completes(api: Api) -> None:
+    async def run() -> tuple[Any, list[Any]]:
+        client = openai.AsyncOpenAI(base_url=f"{api.url}/v1", api_key=api.key, max_retries=0)
+        async with client:
+            plain, stream = await asyncio.gather(
+                client.chat.completions.create(model="conductor-ultra", messages=QUESTION),
+                client.chat.completions.create(
+                    model="conductor-ultra",
+                    messages=QUESTION,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                ),
+            )
+            return plain, [chunk async for chunk in stream]
+
+    plain, chunks = asyncio.run(run())
+
+    assert plain.choices[0].message.content == ANSWER
+    _check_usage(plain.usage, _workflow(api, plain.model_extra["conductor"]["workflow_id"]))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ANSWER
+    assert chunks[-1].usage.total_tokens == plain.usage.total_tokens
+
+
+def test_a_worker_name_as_model_is_a_plain_pass_through(api: Api) -> None:
+    messages: Any = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    ]
+    response = api.client().chat.completions.create(model="alpha", messages=messages)
+    chunks = list(
+        api.client().chat.completions.create(
+            model="alpha", messages=messages, stream=True, stream_options={"include_usage": True}
+        )
+    )
+
+    assert response.choices[0].message.content == "alpha answers 2 message(s)"
+    assert response.model_extra["conductor"]["worker"] == "alpha"
+    assert response.usage is not None
+    assert response.usage.prompt_tokens == 3  # the scripted worker counts the words it got
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        "alpha answers 2 message(s)"
+    )
+    assert chunks[-1].usage is not None
+
+
+def test_conversation_and_instructions_reach_the_conductor(api: Api) -> None:
+    messages: Any = [
+        {"role": "system", "content": "Answer in French."},
+        {"role": "user", "content": "Remember 6."},
+        {"role": "assistant", "content": "OK."},
+        {"role": "user", "content": [{"type": "text", "text": "Times 7?"}]},
+    ]
+    response = api.client().chat.completions.create(model="conductor-mini", messages=messages)
+    question = _workflow(api, response.model_extra["conductor"]["workflow_id"])["question"]
+    assert question == (
+        "Instructions:\nAnswer in French.\n\nConversation so far:\nUser: Remember 6.\n"
+        "Assistant: OK.\n\nRequest:\nTimes 7?"
+    )
+
+
+def test_models_lists_variants_and_the_workers_a_key_may_use(api: Api) -> None:
+    everything = [m.id for m in api.client().models.list()]
+    limited = [m.id for m in api.client(api.alpha_key).models.list()]
+
+    assert everything == ["conductor-mini", "conductor-ultra", *NAMES]
+    assert limited == ["conductor-mini", "conductor-ultra", "alpha"]
+    assert api.client().models.retrieve("beta").owned_by == "openai-compatible"
+    with pytest.raises(openai.NotFoundError):
+        api.client(api.alpha_key).models.retrieve("beta")
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        api.client(api.alpha_key).chat.completions.create(model="beta", messages=QUESTION)
+
+
+# -- keys, tenants, pool options ----------------------------------------------------------------
+
+
+def test_a_wrong_missing_or_revoked_key_is_401(api: Api) -> None:
+    wrong = api.key[:-4] + ("aaaa" if not api.key.endswith("aaaa") else "bbbb")
+    with pytest.raises(openai.AuthenticationError, match="invalid API key"):
+        api.client(wrong).chat.completions.create(model="conductor-mini", messages=QUESTION)
+    with pytest.raises(openai.AuthenticationError):
+        api.client("not-a-key").models.list()
+    response = httpx.get(f"{api.url}/v1/models")
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
+    assert "conductor keys create" in response.json()["error"]["message"]
+
+    revoked = create_key(api.server.service.engine, "acme")
+    assert [m.id for m in api.client(revoked.secret).models.list()]
+    assert revoke_key(api.server.service.engine, revoked.key.id)
+    with pytest.raises(openai.AuthenticationError):
+        api.client(revoked.secret).models.list()
+
+
+def test_another_tenants_workflow_is_not_found(api: Api) -> None:
+    response = api.client().chat.completions.create(model="conductor-mini", messages=QUESTION)
+    workflow_id = response.model_extra["conductor"]["workflow_id"]
+
+    with api.http(api.other_key) as http:
+        for method, path in [
+            ("GET", f"/v1/workflows/{workflow_id}"),
+            ("GET", f"/v1/workflows/{workflow_id}/events"),
+            ("POST", f"/v1/workflows/{workflow_id}/feedback"),
+        ]:
+            reply = http.request(method, path, json={"score": 1.0} if method == "POST" else None)
+            assert reply.status_code == 404, (path, reply.text)
+            assert reply.json()["error"]["code"] == "not_found"
+    assert _workflow(api, workflow_id)["feedback"] is None  # the other tenant changed nothing
+    with grpc.insecure_channel(api.server.grpc_address) as channel:
+        stub = workflows_pb2_grpc.WorkflowsStub(channel)
+        metadata = [("authorization", f"Bearer {api.other_key}")]
+        for call, request in [
+            (stub.Get, workflows_pb2.GetRequest(workflow_id=workflow_id)),
+            (
+                lambda r, **kw: list(stub.Watch(r, **kw)),
+                workflows_pb2.WatchRequest(workflow_id=workflow_id),
+            ),
+        ]:
+            with pytest.raises(grpc.RpcError) as caught:
+                call(request, metadata=metadata, timeout=10)
+            assert caught.value.code() is grpc.StatusCode.NOT_FOUND
+
+
+def test_a_pool_option_outside_the_keys_pool_is_400_with_the_reason(api: Api) -> None:
+    client = api.client(api.alpha_key)
+    with pytest.raises(openai.BadRequestError, match="may not use beta") as caught:
+        client.chat.completions.create(
+            model="conductor-ultra", messages=QUESTION, extra_body={"conductor": {"pool": ["beta"]}}
+        )
+    assert "allowed: alpha" in caught.value.message
+    with pytest.raises(openai.BadRequestError, match="not in the pool: nope"):
+        api.client().chat.completions.create(
+            model="conductor-ultra", messages=QUESTION, extra_body={"conductor": {"pool": ["nope"]}}
+        )
+
+    # Without a pool option the key's own pool applies: alpha alone, one step.
+    limited = client.chat.completions.create(model="conductor-ultra", messages=QUESTION)
+    assert [s["worker"] for s in limited.model_extra["conductor"]["steps"]] == ["alpha"]
+    # Within the key's pool, options narrow the workflow.
+    narrowed = api.client().chat.completions.create(
+        model="conductor-ultra",
+        messages=QUESTION,
+        extra_body={"conductor": {"pool": ["beta", "alpha"], "max_steps": 1}},
+    )
+    assert [s["worker"] for s in narrowed.model_extra["conductor"]["steps"]] == ["alpha"]
+
+
+# -- job API and events -------------------------------------------------------------------------
+
+
+def _events(api: Api, workflow_id: str, **headers: str) -> list[tuple[int, str, dict[str, Any]]]:
+    """Reads the SSE stream to its end: (id, event, data) of each event."""
+    events = []
+    with (
+        api.http() as http,
+        http.stream("GET", f"/v1/workflows/{workflow_id}/events", headers=headers) as response,
+    ):
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        fields: dict[str, str] = {}
+        for line in response.iter_lines():
+            if line.startswith(":"):
+                continue
+            if not line:
+                if fields:
+                    events.append((int(fields["id"]), fields["event"], json.loads(fields["data"])))
+                fields = {}
+                continue
+            name, _, value = line.partition(": ")
+            fields[name] = value
+    return events
+
+
+def test_events_arrive_in_order_and_a_late_client_gets_them_all(api: Api) -> None:
+    with api.http() as http:
+        accepted = http.post(
+            "/v1/workflows",
+            json={"question": "slowly", "pool": ["gamma"], "metadata": {"request": "r-1"}},
+        )
+    assert accepted.status_code == 202, accepted.text
+    workflow_id = accepted.json()["id"]
+    started = time.monotonic()
+
+    early = _events(api, workflow_id)  # connects while gamma is still answering
+    waited = time.monotonic() - started
+    late = _events(api, workflow_id)
+    resumed = _events(api, workflow_id, **{"Last-Event-ID": "2"})
+    past_the_end = _events(api, workflow_id, **{"Last-Event-ID": "4"})  # ends, never waits
+
+    assert waited >= 0.5  # the early client really waited for the workflow
+    kinds = [kind for _, kind, _ in early]
+    assert kinds == ["plan", "step_started", "step_finished", "completed"]
+    assert [seq for seq, _, _ in early] == [1, 2, 3, 4]
+    assert all(data["sequence"] == seq and data["kind"] == kind for seq, kind, data in early)
+    assert late == early
+    assert resumed == early[2:]
+    assert past_the_end == []
+    outcome = early[-1][2]["data"]
+    assert outcome["answer"] == "gamma answers 1 message(s)"
+    workflow = _workflow(api, workflow_id)
+    assert workflow["status"] == "completed"
+    assert workflow["metadata"] == {"request": "r-1"}
+    assert [s["attempts"][0]["status"] for s in workflow["steps"]] == ["ok"]
+
+
+def test_feedback_is_stored_as_the_workflows_reward(api: Api) -> None:
+    with api.http() as http:
+        workflow_id = http.post("/v1/workflows", json={"question": "q"}).json()["id"]
+        stored = http.post(f"/v1/workflows/{workflow_id}/feedback", json={"score": 0.5})
+        refused = http.post(f"/v1/workflows/{workflow_id}/feedback", json={"score": 2})
+    assert stored.status_code == 200, stored.text
+    assert stored.json() == {"id": workflow_id, "object": "workflow.feedback", "score": 0.5}
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "score"
+    assert _workflow(api, workflow_id)["feedback"] == 0.5
+
+
+def test_grpc_submit_get_and_watch(api: Api) -> None:
+    metadata = [("authorization", f"Bearer {api.key}")]
+    with grpc.insecure_channel(api.server.grpc_address) as channel:
+        stub = workflows_pb2_grpc.WorkflowsStub(channel)
+        accepted = stub.Submit(
+            workflows_pb2.SubmitRequest(question="What is 6 * 7?", variant="conductor-ultra"),
+            metadata=metadata,
+            timeout=10,
+        )
+        events = list(
+            stub.Watch(
+                workflows_pb2.WatchRequest(workflow_id=accepted.workflow_id),
+                metadata=metadata,
+                timeout=30,
+            )
+        )
+        resumed = list(
+            stub.Watch(
+                workflows_pb2.WatchRequest(
+                    workflow_id=accepted.workflow_id, after_sequence=events[-1].sequence
+                ),
+                metadata=metadata,
+                timeout=10,
+            )
+        )
+        workflow = stub.Get(
+            workflows_pb2.GetRequest(workflow_id=accepted.workflow_id),
+            metadata=metadata,
+            timeout=10,
+        )
+        with pytest.raises(grpc.RpcError) as unauthenticated:
+            stub.Get(workflows_pb2.GetRequest(workflow_id=accepted.workflow_id), timeout=10)
+        with pytest.raises(grpc.RpcError) as invalid:
+            stub.Submit(
+                workflows_pb2.SubmitRequest(question="q", pool=["nope"]),
+                metadata=metadata,
+                timeout=10,
+            )
+
+    assert accepted.status == common_pb2.WORKFLOW_STATUS_QUEUED
+    assert [e.sequence for e in events] == list(range(1, len(events) + 1))
+    assert [e.WhichOneof("payload") for e in events][-1] == "completed"
+    assert events[-1].completed.answer == ANSWER
+    assert resumed == []
+    assert workflow.status == common_pb2.WORKFLOW_STATUS_COMPLETED
+    assert workflow.answer == ANSWER
+    assert [s.worker for s in workflow.steps] == ["alpha", "beta"]
+    assert workflow.usage.total_tokens == sum(s.usage.total_tokens for s in workflow.steps) + sum(
+        c.usage.total_tokens for c in workflow.planner_calls
+    )
+    assert unauthenticated.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert invalid.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "nope" in (invalid.value.details() or "")
+
+
+# -- errors, limits, operations -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        ({"model": "conductor-mini"}, 400, "messages"),
+        ({"model": "conductor-mini", "messages": []}, 400, "messages"),
+        ({"model": "conductor-mini", "messages": QUESTION, "n": 2}, 400, "n"),
+        (
+            {"model": "conductor-mini", "messages": [{"role": "system", "content": "x"}]},
+            400,
+            "user",
+        ),
+        ({"model": "conductor-mini", "messages": [{"role": "user", "content": " "}]}, 400, "empty"),
+        ({"model": "no-such", "messages": QUESTION}, 404, "does not exist"),
+        (
+            {"model": "conductor-mini", "messages": QUESTION, "conductor": {"max_steps": 9}},
+            400,
+            "max_steps",
+        ),
+        (
+            {"model": "alpha", "messages": QUESTION, "conductor": {"max_steps": 1}},
+            400,
+            "single worker",
+        ),
+        (b"x" * (3 * 1024 * 1024), 413, "over"),
+    ],
+)
+def test_bad_requests_get_openai_error_objects(
+    api: Api, body: Any, status: int, fragment: str
+) -> None:
+    with api.http() as http:
+        if isinstance(body, bytes):
+            response = http.post(
+                "/v1/chat/completions", content=body, headers={"Content-Type": "application/json"}
+            )
+        else:
+            response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert fragment in error["message"]
+
+
+def test_health_readiness_metrics_and_openapi(api: Api) -> None:
+    api.client().chat.completions.create(model="conductor-mini", messages=QUESTION)
+    with httpx.Client(base_url=api.url, timeout=10) as http:
+        health, ready = http.get("/healthz"), http.get("/readyz")
+        metrics, schema = http.get("/metrics"), http.get("/openapi.json")
+        unknown = http.get("/v1/nothing-here")
+
+    assert health.json() == {"status": "ok"}
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["status"] == "ready"
+    assert 'route="/v1/chat/completions",status="200"' in metrics.text
+    assert "conductor_workflows_submitted_total" in metrics.text
+    paths = schema.json()["paths"]
+    assert {
+        "/v1/chat/completions",
+        "/v1/models",
+        "/v1/workflows",
+        "/v1/workflows/{workflow_id}",
+        "/v1/workflows/{workflow_id}/events",
+        "/v1/workflows/{workflow_id}/feedback",
+    } <= set(paths)
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["code"] == "not_found"
+
+
+def test_a_workflow_id_that_is_not_a_uuid_is_400(api: Api) -> None:
+    with api.http() as http:
+        response = http.get("/v1/workflows/not-a-uuid")
+        missing = http.get(f"/v1/workflows/{uuid.uuid4()}")
+    assert response.status_code == 400
+    assert missing.status_code == 404
+
+
+# -- open mode (embedded only) ------------------------------------------------------------------
+
+
+def test_an_open_server_takes_any_key_until_one_exists(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'conductor.db'}"
+    server = LiveApi(lambda: scripted_service(url, _workers()), open_access=True)
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="anything", max_retries=0)
+        response = client.chat.completions.create(model="conductor-mini", messages=QUESTION)
+        made = create_key(server.service.engine, "acme")
+        with pytest.raises(openai.AuthenticationError):
+            client.models.list()
+        keyed = openai.OpenAI(base_url=f"{server.url}/v1", api_key=made.secret, max_retries=0)
+        assert keyed.models.list().data
+        # The open workflow belongs to tenant "default", not to the new key's tenant.
+        with httpx.Client(base_url=server.url) as http:
+            workflow_id = response.model_extra["conductor"]["workflow_id"]
+            reply = http.get(
+                f"/v1/workflows/{workflow_id}", headers={"Authorization": f"Bearer {made.secret}"}
+            )
+        assert reply.status_code == 404
+    finally:
+        server.close()
+
+
+def test_a_streamed_body_over_the_limit_is_413(api: Api) -> None:
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the server counts as it reads
+        yield b'{"model": "conductor-mini", "messages": [{"role": "user", "content": "'
+        for _ in range(48):
+            yield b"x" * 65536
+        yield b'"}]}'
+
+    with api.http() as http:
+        response = http.post(
+            "/v1/chat/completions", content=chunks(), headers={"Content-Type": "application/json"}
+        )
+    assert response.status_code == 413, response.text
+    assert response.json()["error"]["code"] == "request_too_large"

@@ -1,0 +1,439 @@
+"""The public API as users start it: ``conductor serve`` and ``conductor api`` processes.
+
+Real processes (conductor_cli.local_stack.ServiceProcess) on free ports, driven with the official
+``openai`` package, plain HTTP and gRPC. The planner model and the workers are fake
+OpenAI-compatible servers on loopback: the planner's answer is a two-step plan (solve, then
+check with everything), the workers answer according to the subtask they were given.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import openai
+import pytest
+import yaml
+from openai import OpenAI
+
+from conductor_adapters.rpc.v1 import workflows_pb2, workflows_pb2_grpc
+from conductor_adapters.store.db import make_engine, upgrade
+from conductor_adapters.store.keys import create_key
+from conductor_cli.local_stack import ENTRY, LocalStack, ServiceProcess
+
+from fakes.http_server import free_port
+from fakes.openai_server import FakeOpenAIServer
+
+pytestmark = [pytest.mark.processes]
+
+CONDUCTOR = [sys.executable, "-c", ENTRY]
+SOLVED = "solved: 2 + 2 = 4"
+CHECKED = "checked: the answer is 4"
+QUESTION = "What is 2 + 2?"
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+# Variables of the caller's environment that would change what the processes do.
+UNSET = (
+    "CONDUCTOR_BROKER_URL",
+    "CONDUCTOR_REDIS_URL",
+    "CONDUCTOR_REDIS_PREFIX",
+    "CONDUCTOR_DATABASE_URL",
+    "CONDUCTOR_POOL_FILE",
+    "CONDUCTOR_PROFILES_FILE",
+    "CONDUCTOR_VARIANTS_FILE",
+    "CONDUCTOR_PLANNER_ADDR",
+    "CONDUCTOR_PLANNER_BACKEND",
+)
+_READY = re.compile(r"conductor (?:serve|api): serving on (http://\S+?)(?:, gRPC on (\S+))?$")
+
+
+def plan_responder(messages: list[dict[str, Any]]) -> str:
+    """The Conductor: solve with worker 0, then have worker 1 check with everything."""
+    return (
+        'Two steps.\nmodel_id = [0, 1]\nsubtasks = ["Solve it.", "Check the answer."]\n'
+        'access_list = [[], ["all"]]'
+    )
+
+
+def worker_responder(messages: list[dict[str, Any]]) -> str:
+    """A worker: checks when its subtask says so, else solves."""
+    asked = "\n".join(str(m.get("content", "")) for m in messages)
+    return CHECKED if "Check the answer." in asked else SOLVED
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _unsteered() -> Iterator[None]:
+    """The processes see only the settings the tests give them (ServiceProcess and
+    subprocess get os.environ plus those), not the caller's CONDUCTOR_ variables."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in UNSET:
+            patch.delenv(name, raising=False)
+        yield
+
+
+@dataclass
+class Fakes:
+    planner: FakeOpenAIServer
+    workers: FakeOpenAIServer
+
+
+@pytest.fixture(scope="module")
+def fakes() -> Iterator[Fakes]:
+    planner = FakeOpenAIServer(responder=plan_responder)
+    workers = FakeOpenAIServer(responder=worker_responder)
+    planner.start()
+    workers.start()
+    yield Fakes(planner, workers)
+    planner.stop()
+    workers.stop()
+
+
+def _model_env(fakes: Fakes, directory: Path) -> dict[str, str]:
+    """Pool file (workers solver and checker on the fake) and the planner on its fake."""
+    pool = {
+        "workers": {
+            name: {
+                "provider": "openai-compatible",
+                "model": name,
+                "base_url": fakes.workers.base_url,
+                "description": f"worker {name}",
+                "price": {"input": 1.0, "output": 2.0},
+            }
+            for name in ("solver", "checker")
+        }
+    }
+    pool_file = directory / "pool.yaml"
+    pool_file.write_text(yaml.safe_dump(pool, sort_keys=False))  # Model 0 = solver
+    return {
+        "CONDUCTOR_POOL_FILE": str(pool_file),
+        "CONDUCTOR_PLANNER_BACKEND": "openai",
+        "CONDUCTOR_PLANNER_BASE_URL": fakes.planner.base_url,
+        "CONDUCTOR_PLANNER_MODEL": "fake-conductor",
+    }
+
+
+def _conductor(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CONDUCTOR, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=120,
+        check=False,
+    )
+
+
+def _start(role: str, log_path: Path, env: dict[str, str]) -> ServiceProcess:
+    """``conductor ROLE`` on free ports, started once it printed its ready line."""
+    args = ["--port", "0", "--grpc-port", "0"]
+    return ServiceProcess(role, args, log_path, env).start()
+
+
+def _addresses(process: ServiceProcess) -> tuple[str, str]:
+    """The HTTP URL and gRPC address the process announced in its ready line."""
+    for line in process.log_path.read_text(errors="replace").splitlines():
+        found = _READY.search(line)
+        if found and found.group(2):
+            return found.group(1), found.group(2)
+    raise AssertionError(f"no ready line with both ports in:\n{process.tail()}")
+
+
+def _client(url: str, key: str) -> OpenAI:
+    return OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def _ask(client: OpenAI) -> Any:
+    return client.chat.completions.create(
+        model="conductor-ultra", messages=[{"role": "user", "content": QUESTION}]
+    )
+
+
+# -- embedded: conductor serve --------------------------------------------------------------
+
+
+def test_serve_answers_openly_until_a_key_exists_then_only_with_keys(
+    tmp_path: Path, fakes: Fakes
+) -> None:
+    # Given `conductor serve` on a fresh SQLite file, with no key made yet
+    env = {
+        "CONDUCTOR_DATABASE_URL": f"sqlite:///{tmp_path / 'data' / 'conductor.db'}",
+        **_model_env(fakes, tmp_path),
+    }
+    serve = _start("serve", tmp_path / "serve.log", env)
+    try:
+        url, _ = _addresses(serve)
+        assert "conductor serve: no API key exists: open" in serve.tail()
+
+        # When a client with any key asks the ultra variant
+        response = _ask(_client(url, "anything"))
+
+        # Then the answer is the last worker's, with the workflow in the conductor field
+        assert response.choices[0].message.content == CHECKED
+        assert response.model == "conductor-ultra"
+        extra = (response.model_extra or {})["conductor"]
+        assert extra["status"] == "completed"
+        assert response.id == f"chatcmpl-{uuid.UUID(extra['workflow_id']).hex}"
+        assert [s["worker"] for s in extra["steps"]] == ["solver", "checker"]
+        assert [s["output"] for s in extra["steps"]] == [SOLVED, CHECKED]
+        assert response.usage is not None
+        assert response.usage.total_tokens > 0
+
+        # When an operator makes a key
+        made = _conductor(["keys", "create", "--tenant", "acme"], env)
+        assert made.returncode == 0, made.stderr
+        key = made.stdout.strip().splitlines()[0]
+        assert key.startswith("cnd_")
+
+        # Then a wrong key is refused, and the new key is served
+        with pytest.raises(openai.AuthenticationError) as refused:
+            _ask(_client(url, "anything"))
+        assert refused.value.code == "invalid_api_key"
+        assert _ask(_client(url, key)).choices[0].message.content == CHECKED
+    finally:
+        serve.stop()
+
+    # And SIGTERM stops it cleanly
+    assert serve.process is not None
+    assert serve.process.returncode == 0, serve.tail()
+    assert "conductor serve: stopped" in serve.tail()
+
+
+def test_serve_on_all_addresses_without_a_key_is_refused(tmp_path: Path) -> None:
+    done = _conductor(
+        ["serve", "--host", "0.0.0.0", "--port", "0", "--grpc-port", "-1"],
+        {"CONDUCTOR_DATABASE_URL": f"sqlite:///{tmp_path / 'conductor.db'}"},
+    )
+    assert done.returncode != 0
+    assert "no API key exists" in done.stderr
+    assert "conductor keys create" in done.stderr
+    assert "serving on" not in done.stdout
+
+
+# -- distributed: conductor api -------------------------------------------------------------
+
+
+def test_api_without_a_broker_is_refused(tmp_path: Path) -> None:
+    done = _conductor(
+        ["api", "--port", "0", "--grpc-port", "-1"],
+        {"CONDUCTOR_DATABASE_URL": f"sqlite:///{tmp_path / 'conductor.db'}"},
+    )
+    assert done.returncode != 0
+    assert "CONDUCTOR_BROKER_URL" in done.stderr
+    assert "serving on" not in done.stdout
+
+
+@pytest.mark.postgres
+@pytest.mark.broker
+def test_api_without_a_key_is_refused(postgres_url: str, redis_url: str) -> None:
+    upgrade(postgres_url)
+    done = _conductor(
+        ["api", "--port", "0", "--grpc-port", "-1"],
+        {"CONDUCTOR_DATABASE_URL": postgres_url, "CONDUCTOR_BROKER_URL": redis_url},
+    )
+    assert done.returncode != 0
+    assert "conductor keys create" in done.stderr
+    assert "serving on" not in done.stdout
+
+
+@dataclass
+class Distributed:
+    stack: LocalStack
+    api: ServiceProcess
+    url: str
+    grpc_address: str
+    key: str
+
+    def logs(self) -> str:
+        processes = [*self.stack.processes, self.api]
+        return "\n".join(f"--- {p.name}\n{p.tail(2000)}" for p in processes)
+
+
+@pytest.fixture(scope="module")
+def distributed(
+    tmp_path_factory: pytest.TempPathFactory,
+    fakes: Fakes,
+    module_postgres_url: str,
+    redis_url: str,
+    module_redis_prefix: str,
+) -> Iterator[Distributed]:
+    """Planner, one aggregator and one gateway on the Redis broker, and `conductor api`."""
+    directory = tmp_path_factory.mktemp("distributed")
+    upgrade(module_postgres_url)
+    engine = make_engine(module_postgres_url)
+    try:
+        key = create_key(engine, "acme").secret
+    finally:
+        engine.dispose()
+    env = {
+        "CONDUCTOR_DATABASE_URL": module_postgres_url,
+        "CONDUCTOR_BROKER_URL": redis_url,
+        "CONDUCTOR_REDIS_URL": redis_url,
+        "CONDUCTOR_REDIS_PREFIX": module_redis_prefix,
+        "CONDUCTOR_SWEEP_INTERVAL_S": "0.5",
+        "CONDUCTOR_RETRY_BASE_DELAY_S": "0.1",
+        **_model_env(fakes, directory),
+    }
+    stack = LocalStack(directory / "logs", env, planner_port=free_port())
+    api_env = dict(stack.env)  # with CONDUCTOR_PLANNER_ADDR
+    # The api process needs nothing of the stack to start: start both at once.
+    started: list[ServiceProcess] = []
+    failures: list[BaseException] = []
+
+    def start_api() -> None:
+        try:
+            started.append(_start("api", directory / "logs" / "api.log", api_env))
+        except BaseException as exc:
+            failures.append(exc)
+
+    starter = threading.Thread(target=start_api)
+    starter.start()
+    try:
+        stack.start()
+    finally:
+        starter.join()
+    if failures:
+        stack.stop()
+        raise failures[0]
+    api = started[0]
+    try:
+        url, grpc_address = _addresses(api)
+        yield Distributed(stack, api, url, grpc_address, key)
+    finally:
+        api.stop()
+        stack.stop()
+
+
+def _workflow(d: Distributed, workflow_id: str) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {d.key}"}
+    reply = httpx.get(f"{d.url}/v1/workflows/{workflow_id}", headers=headers, timeout=30)
+    assert reply.status_code == 200, reply.text
+    body: dict[str, Any] = reply.json()
+    return body
+
+
+def _usage(usage: Any) -> tuple[int, int, int]:
+    return usage.prompt_tokens, usage.completion_tokens, usage.total_tokens
+
+
+@pytest.mark.postgres
+@pytest.mark.broker
+def test_distributed_completion_counts_the_workflows_usage(distributed: Distributed) -> None:
+    # When a client asks the ultra variant through the distributed API
+    try:
+        response = _ask(_client(distributed.url, distributed.key))
+    except openai.APIError:
+        pytest.fail(f"the request failed; the logs:\n{distributed.logs()}")
+
+    # Then the last worker answers, and usage is everything the workflow spent
+    assert response.choices[0].message.content == CHECKED
+    extra = (response.model_extra or {})["conductor"]
+    assert [s["worker"] for s in extra["steps"]] == ["solver", "checker"]
+    stored = _workflow(distributed, extra["workflow_id"])
+    assert stored["status"] == "completed"
+    assert stored["answer"] == CHECKED
+    assert response.usage is not None
+    expected = stored["usage"]
+    assert _usage(response.usage) == (
+        expected["prompt_tokens"],
+        expected["completion_tokens"],
+        expected["total_tokens"],
+    )
+    assert expected["total_tokens"] > 0
+
+
+@pytest.mark.postgres
+@pytest.mark.broker
+def test_distributed_stream_ends_with_the_workflows_usage(distributed: Distributed) -> None:
+    # When a client streams the answer and asks for usage
+    stream = _client(distributed.url, distributed.key).chat.completions.create(
+        model="conductor-ultra",
+        messages=[{"role": "user", "content": QUESTION}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+
+    # Then the content is the answer, the workflow id comes first, the usage chunk last
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == CHECKED
+    workflow_id = (chunks[0].model_extra or {})["conductor"]["workflow_id"]
+    finish = [c for c in chunks if c.choices and c.choices[0].finish_reason == "stop"]
+    assert len(finish) == 1
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    stored = _workflow(distributed, workflow_id)
+    expected = stored["usage"]
+    assert _usage(chunks[-1].usage) == (
+        expected["prompt_tokens"],
+        expected["completion_tokens"],
+        expected["total_tokens"],
+    )
+
+
+@pytest.mark.postgres
+@pytest.mark.broker
+def test_distributed_readiness_checks_every_dependency(distributed: Distributed) -> None:
+    reply = httpx.get(f"{distributed.url}/readyz", timeout=30)
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["status"] == "ready"
+    assert body["mode"] == "distributed"
+    for check in ("database", "broker", "redis", "planner"):
+        assert body[check] == "ok", body
+
+
+@pytest.mark.postgres
+@pytest.mark.broker
+def test_grpc_watch_replays_a_finished_workflows_events(distributed: Distributed) -> None:
+    # Given a finished workflow
+    response = _ask(_client(distributed.url, distributed.key))
+    workflow_id = (response.model_extra or {})["conductor"]["workflow_id"]
+
+    # When a gRPC client watches it
+    with grpc.insecure_channel(distributed.grpc_address) as channel:
+        stub = workflows_pb2_grpc.WorkflowsStub(channel)
+        events = list(
+            stub.Watch(
+                workflows_pb2.WatchRequest(workflow_id=workflow_id),
+                metadata=[("authorization", f"Bearer {distributed.key}")],
+                timeout=30,
+            )
+        )
+
+    # Then every event comes back in order, ending with the outcome
+    assert [e.sequence for e in events] == list(range(1, len(events) + 1))
+    assert {e.workflow_id for e in events} == {workflow_id}
+    kinds = [e.WhichOneof("payload") for e in events]
+    assert kinds[0] == "plan"
+    assert kinds.count("step_finished") == 2
+    assert kinds[-1] == "completed"
+    assert events[-1].completed.answer == CHECKED
+
+
+@pytest.mark.postgres
+@pytest.mark.broker
+def test_grpc_without_a_key_is_unauthenticated(distributed: Distributed) -> None:
+    with grpc.insecure_channel(distributed.grpc_address) as channel:
+        stub = workflows_pb2_grpc.WorkflowsStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Get(workflows_pb2.GetRequest(workflow_id=ZERO_UUID), timeout=30)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+@pytest.mark.postgres
+@pytest.mark.broker
+def test_api_stops_cleanly_on_sigterm(distributed: Distributed) -> None:
+    """Last of the module: it stops the shared api process (the fixture's stop is then a no-op)."""
+    distributed.api.stop()
+    assert distributed.api.process is not None
+    assert distributed.api.process.returncode == 0, distributed.api.tail()
+    assert "conductor api: stopped" in distributed.api.tail()

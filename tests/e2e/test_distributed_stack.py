@@ -1,0 +1,413 @@
+"""The distributed stack as separate processes: load, traces, and faults.
+
+Real ``conductor planner``, ``aggregator`` and ``gateway`` processes
+(conductor_cli.local_stack), real Postgres, real brokers. The planner model and the worker LLMs
+are fake OpenAI-compatible servers on loopback: the planner's answers are plans in the paper's
+list form, the workers echo.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from celery import Celery
+from sqlalchemy import Engine, text
+
+from conductor.variants import BUILTIN_VARIANTS, Variant
+from conductor_adapters.queue import new_celery_app
+from conductor_adapters.settings import BrokerSettings
+from conductor_adapters.store.db import make_engine, upgrade
+from conductor_adapters.store.runs import SubmitRequest, submit_workflow
+from conductor_cli.local_stack import LocalStack
+
+from fakes.http_server import free_port
+from fakes.openai_server import FakeOpenAIServer
+
+pytestmark = [pytest.mark.postgres, pytest.mark.broker, pytest.mark.processes]
+
+ULTRA = BUILTIN_VARIANTS["conductor-ultra"]
+
+
+def plan_responder(messages: list[dict[str, Any]]) -> str:
+    """A Conductor: two steps (solve, then check with everything), or with "review" in the
+    question a solve step and a hand-back to itself, then one more step in the next round."""
+    prompt = messages[-1]["content"]
+    if "Your previous workflow" in prompt:
+        return 'model_id = [1]\nsubtasks = ["Check the last answer."]\naccess_list = [["all"]]'
+    if "review" in prompt and "the Conductor (you)" in prompt:
+        return 'model_id = [0, 2]\nsubtasks = ["Solve it.", "Review."]\naccess_list = [[], ["all"]]'
+    return (
+        'Two steps.\nmodel_id = [0, 1]\nsubtasks = ["Solve it.", "Check the answer."]\n'
+        'access_list = [[], ["all"]]'
+    )
+
+
+@pytest.fixture
+def fakes() -> Iterator[tuple[FakeOpenAIServer, FakeOpenAIServer]]:
+    planner = FakeOpenAIServer(responder=plan_responder)
+    workers = FakeOpenAIServer(latency_s=0.3)
+    planner.start()
+    workers.start()
+    yield planner, workers
+    planner.stop()
+    workers.stop()
+
+
+def _stack(
+    tmp_path: Path,
+    fakes: tuple[FakeOpenAIServer, FakeOpenAIServer],
+    *,
+    database_url: str,
+    broker_url: str,
+    redis_url: str,
+    redis_prefix: str,
+    worker_limits: dict[str, int] | None = None,
+    gateways: int = 1,
+    aggregators: int = 1,
+) -> LocalStack:
+    planner, workers = fakes
+    pool = {
+        "workers": {
+            name: {
+                "provider": "openai-compatible",
+                "model": name,
+                "base_url": workers.base_url,
+                "description": f"worker {name}",
+                "price": {"input": 1.0, "output": 2.0},
+                **({"quotas": worker_limits} if worker_limits else {}),
+            }
+            for name in ("solver", "checker")
+        }
+    }
+    pool_file = tmp_path / "pool.yaml"
+    pool_file.write_text(yaml.safe_dump(pool))
+    upgrade(database_url)
+    env = {
+        "CONDUCTOR_DATABASE_URL": database_url,
+        "CONDUCTOR_BROKER_URL": broker_url,
+        "CONDUCTOR_REDIS_URL": redis_url,
+        "CONDUCTOR_REDIS_PREFIX": redis_prefix,
+        "CONDUCTOR_POOL_FILE": str(pool_file),
+        "CONDUCTOR_PLANNER_BACKEND": "openai",
+        "CONDUCTOR_PLANNER_BASE_URL": planner.base_url,
+        "CONDUCTOR_PLANNER_MODEL": "fake-conductor",
+        "CONDUCTOR_SWEEP_INTERVAL_S": "0.5",
+        "CONDUCTOR_RETRY_BASE_DELAY_S": "0.1",
+    }
+    return LocalStack(
+        tmp_path / "logs",
+        env,
+        planner_port=free_port(),
+        gateways=gateways,
+        aggregators=aggregators,
+    )
+
+
+def _client(broker_url: str, redis_prefix: str = "conductor:") -> Celery:
+    """A submitting client; on the Redis broker its key prefix must be the stack's."""
+    settings = BrokerSettings(broker_url=broker_url, redis_prefix=redis_prefix)
+    return new_celery_app("test-client", settings)
+
+
+def _submit(engine: Engine, app: Celery, count: int, variant: Variant = ULTRA) -> list[uuid.UUID]:
+    ids = []
+    for i in range(count):
+        question = f"Question {i}: what is {i} + {i}?" + (" Please review." if i % 2 else "")
+        ids.append(submit_workflow(engine, app, SubmitRequest(question=question, variant=variant)))
+    return ids
+
+
+def _wait_all(engine: Engine, ids: list[uuid.UUID], stack: LocalStack, timeout_s: float) -> None:
+    """Poll the run rows' status (one cheap query, so the test does not compete for the CPU
+    with the stack it measures) until every workflow has finished."""
+    deadline = time.monotonic() + timeout_s
+    pending: set[uuid.UUID] = set(ids)
+    query = text(
+        "SELECT workflow_id FROM workflow_run WHERE workflow_id = ANY(:ids) "
+        "AND status IN ('completed', 'failed')"
+    )
+    while pending and time.monotonic() < deadline:
+        with engine.connect() as conn:
+            pending -= set(conn.execute(query, {"ids": list(pending)}).scalars())
+        time.sleep(0.2)
+    if pending:
+        logs = "\n".join(f"--- {p.name}\n{p.tail(2000)}" for p in stack.processes)
+        pytest.fail(f"{len(pending)} of {len(ids)} workflows not finished:\n{logs}")
+
+
+def _check_traces(engine: Engine, ids: list[uuid.UUID]) -> list[dict[str, Any]]:
+    """Every workflow finished, each worker step has an attempt, totals add up; returns rows."""
+    with engine.connect() as conn:
+        rows = [
+            dict(r)
+            for r in conn.execute(
+                text("SELECT * FROM workflow WHERE id = ANY(:ids)"), {"ids": ids}
+            ).mappings()
+        ]
+        assert len(rows) == len(ids)
+        for row in rows:
+            steps = (
+                conn.execute(
+                    text('SELECT * FROM step WHERE workflow_id = :id ORDER BY "index"'),
+                    {"id": row["id"]},
+                )
+                .mappings()
+                .all()
+            )
+            for step in steps:
+                attempts = conn.execute(
+                    text("SELECT count(*) FROM attempt WHERE step_id = :id"), {"id": step["id"]}
+                ).scalar()
+                if step["kind"] == "worker" and step["status"] != "cancelled":
+                    assert (attempts or 0) >= 1, (row["id"], step["index"])
+            calls = row["planner_calls"]
+            for field in ("prompt_tokens", "completion_tokens"):
+                expected = sum(s[field] for s in steps) + sum(c["usage"][field] for c in calls)
+                assert row[field] == expected > 0, (row["id"], field)
+            assert row["total_tokens"] == row["prompt_tokens"] + row["completion_tokens"]
+            cost = sum(s["cost_usd"] for s in steps) + sum(c["cost_usd"] for c in calls)
+            assert row["cost_usd"] == pytest.approx(cost)
+            events = conn.execute(
+                text(
+                    "SELECT sequence, kind FROM workflow_event WHERE workflow_id = :id "
+                    "ORDER BY sequence"
+                ),
+                {"id": row["id"]},
+            ).all()
+            assert [e.sequence for e in events] == list(range(1, len(events) + 1))
+            assert events[-1].kind == row["status"]
+    return rows
+
+
+def test_fifty_concurrent_workflows_complete_with_consistent_traces(
+    tmp_path: Path,
+    fakes: tuple[FakeOpenAIServer, FakeOpenAIServer],
+    postgres_url: str,
+    redis_url: str,
+    redis_prefix: str,
+) -> None:
+    # Given the stack on the Redis broker, two aggregator replicas and two gateways
+    stack = _stack(
+        tmp_path,
+        fakes,
+        database_url=postgres_url,
+        broker_url=redis_url,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        gateways=2,
+        aggregators=2,
+    )
+    engine = make_engine(postgres_url)
+    stack.start()
+    try:
+        # When 50 workflows are submitted at once (half of them recurse once)
+        started = time.monotonic()
+        ids = _submit(engine, _client(redis_url, redis_prefix), 50)
+        _wait_all(engine, ids, stack, timeout_s=180)
+        elapsed = time.monotonic() - started
+    finally:
+        stack.stop()
+    # Then all completed, and their traces add up
+    rows = _check_traces(engine, ids)
+    assert [r["status"] for r in rows] == ["completed"] * 50, [r["error"] for r in rows]
+    with engine.connect() as conn:
+        rounds = conn.execute(
+            text("SELECT count(*) FROM step WHERE kind = 'conductor' AND status = 'succeeded'")
+        ).scalar()
+    engine.dispose()
+    assert rounds == 25
+    print(f"50 workflows through the stack in {elapsed:.1f} s")
+
+
+def _wait_for(condition: Any, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def _run_through_fault(
+    stack: LocalStack,
+    engine: Engine,
+    broker_url: str,
+    *,
+    ready: Callable[[], bool],
+    fault: Callable[[], None],
+    count: int = 10,
+) -> list[uuid.UUID]:
+    """Start the stack, submit ``count`` workflows, cause ``fault`` once ``ready()`` holds
+    (mid-run), wait for every workflow, stop the stack."""
+    stack.start()
+    try:
+        ids = _submit(engine, _client(broker_url), count)
+        _wait_for(ready, "the run to be under way")
+        fault()
+        _wait_all(engine, ids, stack, timeout_s=180)
+    finally:
+        stack.stop()
+    return ids
+
+
+def _running_steps(engine: Engine) -> int:
+    with engine.connect() as conn:
+        count = conn.execute(text("SELECT count(*) FROM step WHERE status = 'running'")).scalar()
+    return int(count or 0)
+
+
+def _assert_all_ended_well(rows: list[dict[str, Any]]) -> None:
+    """None lost, none stuck: completed, or failed with a stated reason."""
+    for row in rows:
+        assert row["status"] in {"completed", "failed"}, row
+        if row["status"] == "failed":
+            assert row["error"], row
+    assert all(r["status"] == "completed" for r in rows), [r["error"] for r in rows]
+
+
+def test_an_aggregator_killed_mid_workflow_and_restarted_loses_nothing(
+    tmp_path: Path,
+    fakes: tuple[FakeOpenAIServer, FakeOpenAIServer],
+    postgres_url: str,
+    amqp_url: str,
+    redis_url: str,
+    redis_prefix: str,
+) -> None:
+    # Given the stack on RabbitMQ with one aggregator, and slow workers
+    fakes[1].latency_s = 1.0
+    stack = _stack(
+        tmp_path,
+        fakes,
+        database_url=postgres_url,
+        broker_url=amqp_url,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+    )
+    engine = make_engine(postgres_url)
+    aggregator = stack.get("aggregator-0")
+
+    def kill_and_restart() -> None:
+        aggregator.kill()
+        time.sleep(1.5)  # results pile up on the queue meanwhile
+        aggregator.start()
+
+    # When the aggregator is killed mid-workflow and comes back
+    ids = _run_through_fault(
+        stack,
+        engine,
+        amqp_url,
+        ready=lambda: _running_steps(engine) >= 5,
+        fault=kill_and_restart,
+    )
+    # Then every workflow completed, with consistent traces
+    _assert_all_ended_well(_check_traces(engine, ids))
+    engine.dispose()
+
+
+def test_a_gateway_killed_mid_call_loses_nothing(
+    tmp_path: Path,
+    fakes: tuple[FakeOpenAIServer, FakeOpenAIServer],
+    postgres_url: str,
+    amqp_url: str,
+    redis_url: str,
+    redis_prefix: str,
+) -> None:
+    # Given the stack on RabbitMQ with one gateway, and workers that take 2 s
+    workers = fakes[1]
+    workers.latency_s = 2.0
+    stack = _stack(
+        tmp_path,
+        fakes,
+        database_url=postgres_url,
+        broker_url=amqp_url,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+    )
+    engine = make_engine(postgres_url)
+
+    def kill_and_replace() -> None:
+        stack.get("gateway-0").kill()
+        stack.add_gateway()
+
+    # When the gateway dies with calls in flight at the provider, and a fresh one takes over
+    ids = _run_through_fault(
+        stack, engine, amqp_url, ready=lambda: workers.in_flight >= 5, fault=kill_and_replace
+    )
+    # Then every workflow completed; the calls cut off were made again
+    _assert_all_ended_well(_check_traces(engine, ids))
+    engine.dispose()
+    assert len(workers.chat_requests) > 20  # 10 workflows of 2-3 steps, plus the redone calls
+
+
+def _redis_server(port: int) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    _wait_for(lambda: _answers(port), f"redis-server on port {port}", timeout_s=20)
+    return process
+
+
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def test_redis_restarted_mid_run_loses_nothing(
+    tmp_path: Path,
+    fakes: tuple[FakeOpenAIServer, FakeOpenAIServer],
+    postgres_url: str,
+    amqp_url: str,
+) -> None:
+    # Given the stack on RabbitMQ whose quotas and event notices live in a Redis of its own,
+    # and workers under quotas (so every call goes through Redis)
+    fakes[1].latency_s = 1.0
+    port = free_port()
+    redis_process = _redis_server(port)
+    own_redis = f"redis://127.0.0.1:{port}/0"
+    stack = _stack(
+        tmp_path,
+        fakes,
+        database_url=postgres_url,
+        broker_url=amqp_url,
+        redis_url=own_redis,
+        redis_prefix="conductor:",
+        worker_limits={"rpm": 10_000, "max_concurrency": 100},
+    )
+    engine = make_engine(postgres_url)
+    servers = [redis_process]
+
+    def restart_redis() -> None:
+        servers[-1].kill()
+        servers[-1].wait(timeout=10)
+        time.sleep(2.0)
+        servers.append(_redis_server(port))
+
+    # When Redis goes away mid-run (its data with it) and comes back
+    try:
+        ids = _run_through_fault(
+            stack,
+            engine,
+            amqp_url,
+            ready=lambda: _running_steps(engine) >= 5,
+            fault=restart_redis,
+        )
+    finally:
+        servers[-1].kill()
+        servers[-1].wait(timeout=10)
+    # Then the outage hit calls in flight (they were re-queued), and every workflow completed
+    assert "re-queued" in stack.get("gateway-0").tail(100_000)
+    _assert_all_ended_well(_check_traces(engine, ids))
+    engine.dispose()

@@ -1,0 +1,211 @@
+"""The gateway as deployed: real ``conductor gateway`` processes on RabbitMQ, quotas and replies
+in Redis, a fake provider on loopback whose own request log is the evidence."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from conductor.chat import ChatMessage
+from conductor.errors import StepCallFailed
+from conductor.pool import load_pool_file
+from conductor_adapters.queue import new_celery_app
+from conductor_cli.local_stack import ServiceProcess
+from conductor_gateway.client import QueuedStepRunner
+from conductor_gateway.settings import GatewaySettings
+
+from fakes.gateway_process import start_gateway, write_pool_file
+from fakes.openai_server import FakeOpenAIServer, count_tokens
+
+pytestmark = [pytest.mark.broker, pytest.mark.processes]
+
+QUEUE = "gateway.openai-compatible"
+WINDOW_S = 2.0
+RPM, TPM, CONCURRENCY = 5, 400, 2
+
+
+@pytest.fixture
+def fake_provider() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer(latency_s=0.3) as server:
+        yield server
+
+
+@pytest.fixture
+def env(
+    tmp_path: Path,
+    fake_provider: FakeOpenAIServer,
+    amqp_url: str,
+    redis_url: str,
+    redis_prefix: str,
+) -> dict[str, str]:
+    pool_file = write_pool_file(
+        tmp_path / "pool.yaml",
+        {
+            "limited": {
+                "provider": "openai-compatible",
+                "model": "fake-model",
+                "base_url": fake_provider.base_url,
+                "max_tokens": 16,
+                "quotas": {"rpm": RPM, "tpm": TPM, "max_concurrency": CONCURRENCY},
+            },
+            "open": {
+                "provider": "openai-compatible",
+                "model": "fake-model",
+                "base_url": fake_provider.base_url,
+            },
+        },
+    )
+    return {
+        "CONDUCTOR_BROKER_URL": amqp_url,
+        "CONDUCTOR_REDIS_URL": redis_url,
+        "CONDUCTOR_REDIS_PREFIX": redis_prefix,
+        "CONDUCTOR_POOL_FILE": str(pool_file),
+        "CONDUCTOR_QUOTA_WINDOW_S": str(WINDOW_S),
+        "CONDUCTOR_QUOTA_SKEW_S": "0.1",
+        "CONDUCTOR_QUOTA_LEASE_S": "5",
+        "CONDUCTOR_RETRY_BASE_DELAY_S": "0.05",
+    }
+
+
+@pytest.fixture
+def gateways(env: dict[str, str], tmp_path: Path) -> Iterator[list[ServiceProcess]]:
+    started: list[ServiceProcess] = []
+
+    def start(count: int = 1) -> list[ServiceProcess]:
+        for _ in range(count):
+            log = tmp_path / f"gateway-{len(started)}.log"
+            started.append(start_gateway(env, log, queues=QUEUE, concurrency=20))
+        return started
+
+    yield start  # type: ignore[misc]
+    for process in started:
+        process.stop()
+
+
+@pytest.fixture
+async def runner(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[QueuedStepRunner]:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = GatewaySettings.load()
+    app = new_celery_app("conductor_test_client", settings)
+    client = aioredis.from_url(settings.redis_url)
+    pool = load_pool_file(Path(env["CONDUCTOR_POOL_FILE"]))
+    step_runner = QueuedStepRunner(
+        app, pool, client, prefix=settings.redis_prefix, reply_timeout_s=120
+    )
+    yield step_runner
+    await step_runner.aclose()
+    await client.aclose()
+    app.close()
+
+
+def _question(n: int) -> list[ChatMessage]:
+    return [ChatMessage(role="user", content=f"Question number {n}: what is {n} + {n}?")]
+
+
+async def test_a_call_through_the_queue_returns_the_answer_and_its_attempts(
+    gateways: Any, runner: QueuedStepRunner, fake_provider: FakeOpenAIServer
+) -> None:
+    gateways(1)
+
+    result = await runner.call("open", _question(1))
+
+    assert result.text == "echo: Question number 1: what is 1 + 1?"
+    assert result.worker == "open"
+    assert [(a.number, a.status, a.worker) for a in result.attempts] == [(1, "ok", "open")]
+    assert len(fake_provider.chat_requests) == 1
+
+
+async def test_a_worker_the_gateway_does_not_know_is_a_failure_reply_not_a_hang(
+    gateways: Any, runner: QueuedStepRunner, tmp_path: Path
+) -> None:
+    # Given a caller whose pool has a worker the gateways' pool file does not
+    gateways(1)
+    extra = write_pool_file(
+        tmp_path / "caller.yaml",
+        {"ghost": {"provider": "openai-compatible", "model": "m", "base_url": "http://x"}},
+    )
+    runner.pool = load_pool_file(extra)
+
+    with pytest.raises(StepCallFailed, match="no worker named 'ghost'"):
+        await runner.call("ghost", _question(1))
+
+
+async def test_quotas_hold_across_three_gateway_processes_and_every_call_completes(
+    gateways: Any, runner: QueuedStepRunner, fake_provider: FakeOpenAIServer
+) -> None:
+    # Given three gateway processes sharing one Redis, and a worker limited to RPM requests,
+    # TPM tokens per window and CONCURRENCY calls in flight
+    gateways(3)
+    calls = 14
+
+    # When more calls arrive at once than one window admits
+    results = await asyncio.gather(*[runner.call("limited", _question(n)) for n in range(calls)])
+
+    # Then every call completes...
+    assert len(results) == calls
+    assert all(r.text.startswith("echo: ") for r in results)
+    # ...and the provider's own log never shows a window over any limit
+    log = fake_provider.chat_requests
+    assert len(log) == calls
+    times = sorted(r.received_at for r in log)
+    per_window = [sum(1 for u in times if t <= u < t + WINDOW_S) for t in times]
+    assert max(per_window) <= RPM, per_window
+    assert max(r.in_flight for r in log) <= CONCURRENCY
+    spent = sorted((r.received_at, _tokens_spent(r.json)) for r in log)
+    tokens_per_window = [sum(n for u, n in spent if t <= u < t + WINDOW_S) for t, _ in spent]
+    assert max(tokens_per_window) <= TPM, tokens_per_window
+    # and the limit was really binding: the calls were spread over several windows
+    assert times[-1] - times[0] >= WINDOW_S * (math.ceil(calls / RPM) - 1)
+
+
+def _tokens_spent(body: dict[str, Any]) -> int:
+    """What the fake charged for this request: its prompt plus its echoed answer."""
+    messages = body["messages"]
+    prompt = sum(count_tokens(m["content"]) + 4 for m in messages)
+    return prompt + count_tokens("echo: " + messages[-1]["content"])
+
+
+async def test_a_gateway_killed_mid_call_loses_no_step(
+    gateways: Any, runner: QueuedStepRunner, fake_provider: FakeOpenAIServer
+) -> None:
+    # Given one gateway, and a provider slow enough to kill the gateway mid-call
+    fake_provider.latency_s = 3.0
+    (first,) = gateways(1)
+    call = asyncio.create_task(runner.call("open", _question(7)))
+    await _until(lambda: len(fake_provider.chat_requests) == 1, timeout_s=30)
+
+    # When the gateway is SIGKILLed while the provider is still answering, and another starts
+    first.kill()
+    gateways(1)
+
+    # Then the call is redelivered to the new gateway and completes
+    result = await asyncio.wait_for(call, 60)
+    assert result.text == "echo: Question number 7: what is 7 + 7?"
+    assert len(fake_provider.chat_requests) == 2
+    assert fake_provider.chat_requests[0].json == fake_provider.chat_requests[1].json
+
+
+async def test_no_gateway_on_the_queue_is_a_timeout_that_names_the_queue(
+    runner: QueuedStepRunner,
+) -> None:
+    runner.reply_timeout_s = 1.0
+    with pytest.raises(StepCallFailed, match=QUEUE):
+        await runner.call("open", _question(uuid.uuid4().int % 100))
+
+
+async def _until(condition: Any, timeout_s: float) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)

@@ -1,0 +1,530 @@
+"""Gemini generateContent worker adapter against a fake Gemini server on loopback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx
+import pytest
+
+from conductor.chat import ChatMessage, Completion
+from conductor.errors import (
+    ConfigurationError,
+    MalformedResponse,
+    ProviderAuthError,
+    ProviderRejected,
+    ProviderUnavailable,
+    RateLimited,
+    StreamInterrupted,
+    WorkerError,
+    WorkerUnavailable,
+)
+from conductor.pool import Provider, WorkerSpec
+from conductor.ports import ChatWorker
+from conductor.streaming import StreamEnd, TextDelta, collect_stream
+from conductor_gateway.providers.gemini import GeminiWorker
+
+from fakes.gemini_server import (
+    FakeGeminiServer,
+    blocked_body,
+    error,
+    error_body,
+    generated,
+    response_body,
+    sse,
+    stream_events,
+    streamed,
+)
+from fakes.http_server import ScriptedResponse
+
+KEY = "AIza-test-SECRET-0123456789"
+KEY_ENV = "GEMINI_TEST_KEY"
+QUESTION = [
+    ChatMessage(role="system", content="Be brief."),
+    ChatMessage(role="user", content="Hi"),
+]
+
+
+@pytest.fixture
+def fake(fake_gemini: FakeGeminiServer) -> FakeGeminiServer:
+    return fake_gemini
+
+
+def spec(base_url: str | None, **overrides: Any) -> WorkerSpec:
+    fields: dict[str, Any] = {
+        "name": "gemini",
+        "provider": Provider.GEMINI,
+        "model": "gemini-2.5-flash",
+        "base_url": base_url,
+        "api_key_env": KEY_ENV,
+        "timeout_s": 5.0,
+    }
+    return WorkerSpec(**(fields | overrides))
+
+
+@pytest.fixture
+async def sent_urls() -> AsyncIterator[tuple[httpx.AsyncClient, list[httpx.URL]]]:
+    """A client that records every URL it sends, query string included (the fake sees no query)."""
+    urls: list[httpx.URL] = []
+
+    async def record(request: httpx.Request) -> None:
+        urls.append(request.url)
+
+    async with httpx.AsyncClient(event_hooks={"request": [record]}) as client:
+        yield client, urls
+
+
+Factory = Callable[..., GeminiWorker]
+
+
+@pytest.fixture
+async def make_worker(fake: FakeGeminiServer) -> AsyncIterator[Factory]:
+    """Builds workers on the fake with the test key set, and closes them all afterwards."""
+    made: list[GeminiWorker] = []
+
+    def make(client: httpx.AsyncClient | None = None, **overrides: Any) -> GeminiWorker:
+        worker_spec = spec(fake.base_url, **overrides)
+        made.append(GeminiWorker.from_spec(worker_spec, {KEY_ENV: KEY}, client=client))
+        return made[-1]
+
+    yield make
+    for adapter in made:
+        await adapter.aclose()
+
+
+@pytest.fixture
+def worker(make_worker: Factory) -> GeminiWorker:
+    return make_worker()
+
+
+async def call(worker: GeminiWorker, messages: list[ChatMessage] = QUESTION) -> Completion:
+    return await worker.complete(messages, max_tokens=64, temperature=0.5)
+
+
+async def call_stream(worker: GeminiWorker) -> Completion:
+    return await collect_stream(
+        worker.stream(QUESTION, max_tokens=64, temperature=0.5), worker.provider
+    )
+
+
+# -- request ----------------------------------------------------------------------------------
+
+
+async def test_request_carries_key_header_model_path_roles_and_config(
+    fake: FakeGeminiServer,
+    make_worker: Factory,
+    sent_urls: tuple[httpx.AsyncClient, list[httpx.URL]],
+) -> None:
+    client, urls = sent_urls
+    worker = make_worker(client)
+    messages = [
+        ChatMessage(role="system", content="Be brief."),
+        ChatMessage(role="system", content="Answer in French."),
+        ChatMessage(role="user", content="Hi"),
+        ChatMessage(role="assistant", content="Salut"),
+        ChatMessage(role="user", content="And"),
+        ChatMessage(role="user", content="bye?"),
+    ]
+
+    result = await call(worker, messages)
+
+    assert result.text == "echo: And\n\nbye?"
+    sent = fake.last_request
+    assert (sent.method, sent.path) == ("POST", "/v1beta/models/gemini-2.5-flash:generateContent")
+    assert sent.headers["x-goog-api-key"] == KEY
+    assert "authorization" not in sent.headers
+    assert urls[-1].query == b""
+    assert KEY not in str(urls[-1])
+    assert sent.json == {
+        "contents": [
+            {"role": "user", "parts": [{"text": "Hi"}]},
+            {"role": "model", "parts": [{"text": "Salut"}]},
+            {"role": "user", "parts": [{"text": "And\n\nbye?"}]},
+        ],
+        "systemInstruction": {"parts": [{"text": "Be brief.\n\nAnswer in French."}]},
+        "generationConfig": {"maxOutputTokens": 64, "temperature": 0.5},
+    }
+
+
+async def test_no_system_message_sends_no_system_instruction_and_models_prefix_is_not_doubled(
+    fake: FakeGeminiServer, make_worker: Factory
+) -> None:
+    worker = make_worker(model="models/gemini-2.5-pro")
+
+    await call(worker, [ChatMessage(role="user", content="Hi")])
+
+    assert fake.last_request.path == "/v1beta/models/gemini-2.5-pro:generateContent"
+    assert "systemInstruction" not in fake.last_request.json
+
+
+def test_default_base_url_is_googles() -> None:
+    worker = GeminiWorker.from_spec(spec(None), {KEY_ENV: KEY})
+
+    assert worker.url == "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash"
+
+
+# -- answers ----------------------------------------------------------------------------------
+
+
+async def test_default_answer_parses_text_usage_and_model(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    result = await call(worker)
+
+    assert result.text == "echo: Hi"
+    assert result.finish_reason == "STOP"
+    assert result.model == "gemini-2.5-flash"
+    # ceil(len/4) + 4 per content, the system instruction included; the answer is 8 characters.
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (3 + 4 + 1 + 4, 2)
+    assert isinstance(worker, ChatWorker)
+
+
+async def test_usage_counts_thoughts_as_output_and_reports_cached_tokens(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    fake.enqueue(
+        generated(
+            "42",
+            thought="Let me add the numbers first.",
+            prompt_tokens=100,
+            candidates_tokens=3,
+            cached_tokens=60,
+            thoughts_tokens=20,
+        )
+    )
+
+    result = await call(worker)
+
+    assert result.text == "42"  # the thought part is not the answer
+    assert result.model == "gemini-2.5-flash-fake"
+    usage = result.usage
+    assert (usage.prompt_tokens, usage.cached_tokens) == (100, 60)
+    assert (usage.completion_tokens, usage.reasoning_tokens) == (23, 20)
+
+
+async def test_absent_counts_are_zero_and_absent_model_version_is_the_configured_model(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    fake.enqueue(
+        generated("", finish_reason="MAX_TOKENS", model_version=None, candidates_tokens=None)
+    )
+
+    result = await call(worker)
+
+    assert (result.text, result.finish_reason) == ("", "MAX_TOKENS")
+    assert result.model == "gemini-2.5-flash"
+    assert result.usage.completion_tokens == result.usage.cached_tokens == 0
+
+
+async def test_max_tokens_spent_thinking_is_an_empty_answer_not_an_error(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    fake.enqueue(
+        generated(None, finish_reason="MAX_TOKENS", candidates_tokens=None, thoughts_tokens=64)
+    )
+
+    result = await call(worker)
+
+    assert (result.text, result.finish_reason) == ("", "MAX_TOKENS")
+    assert result.usage.completion_tokens == 64
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (blocked_body("PROHIBITED_CONTENT"), r"blocked the prompt \(PROHIBITED_CONTENT\)"),
+        (response_body(None, finish_reason="SAFETY"), "finishReason SAFETY"),
+        (response_body(None, finish_reason="RECITATION"), "finishReason RECITATION"),
+    ],
+)
+async def test_withheld_answer_is_rejected_and_not_retryable(
+    fake: FakeGeminiServer, worker: GeminiWorker, body: dict[str, Any], says: str
+) -> None:
+    fake.enqueue(ScriptedResponse(json=body))
+
+    with pytest.raises(ProviderRejected, match=says) as caught:
+        await call(worker)
+
+    assert not caught.value.retryable
+    assert "worker 'gemini'" in str(caught.value)
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "status_name", "expected", "retryable"),
+    [
+        (400, "INVALID_ARGUMENT", ProviderRejected, False),
+        (403, "PERMISSION_DENIED", ProviderAuthError, False),
+        (404, "NOT_FOUND", ProviderRejected, False),
+        (500, "INTERNAL", ProviderUnavailable, True),
+        (503, "UNAVAILABLE", ProviderUnavailable, True),
+        (504, "DEADLINE_EXCEEDED", ProviderUnavailable, True),
+    ],
+)
+async def test_error_statuses_map_onto_the_error_classes(
+    fake: FakeGeminiServer,
+    worker: GeminiWorker,
+    status: int,
+    status_name: str,
+    expected: type[WorkerError],
+    retryable: bool,
+) -> None:
+    fake.enqueue(error(status, status_name, "The model is overloaded or the request is wrong."))
+
+    with pytest.raises(WorkerError) as caught:
+        await call(worker)
+
+    assert type(caught.value) is expected
+    assert caught.value.retryable is retryable
+    assert caught.value.status_code == status
+    assert "The model is overloaded" in str(caught.value)
+    assert status_name in str(caught.value)
+
+
+async def test_429_waits_as_long_as_retry_info_says_without_a_retry_after_header(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    fake.enqueue(error(429, "RESOURCE_EXHAUSTED", "Quota exceeded.", retry_delay="1s"))
+
+    with pytest.raises(RateLimited) as caught:
+        await call(worker)
+
+    assert caught.value.retry_after_s == 1.0
+    assert caught.value.retryable
+    assert "Quota exceeded." in str(caught.value)
+
+
+async def test_missing_key_is_refused_by_the_fake_like_google_does(fake: FakeGeminiServer) -> None:
+    keyless = GeminiWorker(
+        name="gemini", model="gemini-2.5-flash", base_url=fake.base_url, api_key=None
+    )
+    try:
+        with pytest.raises(ProviderAuthError, match="PERMISSION_DENIED"):
+            await call(keyless)
+    finally:
+        await keyless.aclose()
+
+    assert "x-goog-api-key" not in fake.last_request.headers
+
+
+async def test_the_key_never_appears_in_errors_or_repr(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    # A careless proxy echoes the key back; the message must still not contain it.
+    fake.enqueue(error(400, "INVALID_ARGUMENT", f"API key not valid: {KEY}."))
+
+    with pytest.raises(ProviderRejected) as caught:
+        await call(worker)
+
+    text = f"{caught.value} {caught.value!r} {worker!r}"
+    assert KEY not in text
+    assert "API key not valid: ***" in text
+    assert "gemini-2.5-flash" in repr(worker)
+
+
+def _with(body: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    return body | changes
+
+
+def _candidate(**changes: Any) -> dict[str, Any]:
+    body = response_body("hi")
+    return body | {"candidates": [body["candidates"][0] | changes]}
+
+
+@pytest.mark.parametrize(
+    ("scripted", "says"),
+    [
+        (ScriptedResponse(body="<html>gateway hiccup</html>"), "not JSON"),
+        (ScriptedResponse(json=["not", "an", "object"]), "response must be an object"),
+        (ScriptedResponse(json={"modelVersion": "x"}), "'candidates' must be a non-empty list"),
+        (ScriptedResponse(json=_with(response_body("hi"), candidates={"0": 1})), "must be a list"),
+        (ScriptedResponse(json=_with(response_body("hi"), usageMetadata=None)), "usageMetadata"),
+        (
+            ScriptedResponse(json=_with(response_body("hi"), usageMetadata={"totalTokenCount": 1})),
+            r"promptTokenCount must be a non-negative integer",
+        ),
+        (
+            ScriptedResponse(json=response_body("hi", prompt_tokens=-1)),
+            r"promptTokenCount must be a non-negative integer",
+        ),
+        (ScriptedResponse(json=_candidate(content="hi")), r"content must be an object"),
+        (ScriptedResponse(json=_candidate(content={"parts": {"text": "hi"}})), "must be a list"),
+        (ScriptedResponse(json=_candidate(content={"parts": [{"text": 7}]})), "text must be a str"),
+        (ScriptedResponse(json=_candidate(finishReason=1)), "finishReason must be a string"),
+        (ScriptedResponse(json=error_body(500, "INTERNAL", "oops")), "carries an error"),
+    ],
+)
+async def test_malformed_bodies(
+    fake: FakeGeminiServer, worker: GeminiWorker, scripted: ScriptedResponse, says: str
+) -> None:
+    fake.enqueue(scripted)
+
+    with pytest.raises(MalformedResponse, match=says) as caught:
+        await call(worker)
+
+    assert "worker 'gemini'" in str(caught.value)
+
+
+# -- streaming --------------------------------------------------------------------------------
+
+
+async def test_stream_yields_pieces_then_one_end_with_the_last_usage(
+    fake: FakeGeminiServer,
+    make_worker: Factory,
+    sent_urls: tuple[httpx.AsyncClient, list[httpx.URL]],
+) -> None:
+    client, urls = sent_urls
+    worker = make_worker(client)
+
+    events = [e async for e in worker.stream(QUESTION, max_tokens=64, temperature=0.5)]
+
+    deltas = [e for e in events if isinstance(e, TextDelta)]
+    assert len(deltas) == 3
+    assert "".join(d.text for d in deltas) == "echo: Hi"
+    assert isinstance(events[-1], StreamEnd)
+    assert [isinstance(e, StreamEnd) for e in events].count(True) == 1
+    assert events[-1].usage.prompt_tokens == 12
+    assert events[-1].usage.completion_tokens == 2
+    assert (events[-1].finish_reason, events[-1].model) == ("STOP", "gemini-2.5-flash")
+    sent = fake.last_request
+    assert sent.path == "/v1beta/models/gemini-2.5-flash:streamGenerateContent"
+    assert sent.headers["x-goog-api-key"] == KEY
+    assert urls[-1].params == httpx.QueryParams({"alt": "sse"})
+    assert sent.json["generationConfig"] == {"maxOutputTokens": 64, "temperature": 0.5}
+
+
+async def test_collected_stream_skips_thoughts_and_maps_usage(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    thought = sse(response_body(None, finish_reason=None, thought="Thinking..."))
+    events = stream_events(
+        "Paris.", prompt_tokens=9, candidates_tokens=2, thoughts_tokens=30, cached_tokens=4
+    )
+    fake.enqueue(ScriptedResponse(events=[thought, *events]))
+
+    result = await call_stream(worker)
+
+    assert result.text == "Paris."
+    assert result.usage.prompt_tokens == 9
+    assert result.usage.cached_tokens == 4
+    assert (result.usage.completion_tokens, result.usage.reasoning_tokens) == (32, 30)
+    assert result.model == "gemini-2.5-flash-fake"
+
+
+async def test_stream_cut_midway_is_interrupted_and_returns_no_partial_text(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    fake.enqueue(streamed("A long answer that breaks off", cut_after=2))
+    seen: list[str] = []
+
+    async def consume() -> None:
+        async for event in worker.stream(QUESTION, max_tokens=64, temperature=0.5):
+            assert isinstance(event, TextDelta), "a cut stream must not end cleanly"
+            seen.append(event.text)
+
+    with pytest.raises(StreamInterrupted) as caught:
+        await consume()
+
+    assert len(seen) == 2  # the pieces before the cut, never passed off as an answer
+    assert caught.value.retryable
+
+
+async def test_stream_that_closes_without_a_finish_reason_is_interrupted(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    fake.enqueue(streamed("Half an answer", with_finish=False))
+
+    with pytest.raises(StreamInterrupted, match="without its end marker"):
+        await call_stream(worker)
+
+
+async def test_stream_that_finishes_without_usage_is_malformed(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    chunk = response_body("Done.")
+    del chunk["usageMetadata"]
+    fake.enqueue(ScriptedResponse(events=[sse(chunk)]))
+
+    with pytest.raises(MalformedResponse, match="without usageMetadata"):
+        await call_stream(worker)
+
+
+@pytest.mark.parametrize(
+    ("status", "status_name", "expected", "retry_after_s"),
+    [
+        (503, "UNAVAILABLE", ProviderUnavailable, None),
+        (429, "RESOURCE_EXHAUSTED", RateLimited, 2.0),
+        (400, "INVALID_ARGUMENT", MalformedResponse, None),
+    ],
+)
+async def test_error_object_inside_the_stream_raises(
+    fake: FakeGeminiServer,
+    worker: GeminiWorker,
+    status: int,
+    status_name: str,
+    expected: type[WorkerError],
+    retry_after_s: float | None,
+) -> None:
+    first = stream_events("Hello there", with_finish=False)[0]
+    failure = sse(error_body(status, status_name, f"Stream failed; key {KEY}", "2s"))
+    fake.enqueue(ScriptedResponse(events=[first, failure]))
+
+    with pytest.raises(WorkerError) as caught:
+        await call_stream(worker)
+
+    assert type(caught.value) is expected
+    assert caught.value.retryable  # all three: another try may succeed
+    assert caught.value.retry_after_s == retry_after_s
+    assert caught.value.status_code == status
+    assert "error inside the stream: Stream failed" in str(caught.value)
+    assert KEY not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("events", "says"),
+    [
+        ([sse(blocked_body("SAFETY"))], "blocked the prompt"),
+        ([sse(response_body(None, finish_reason="SAFETY"))], "withheld"),
+    ],
+)
+async def test_withheld_stream_is_rejected(
+    fake: FakeGeminiServer, worker: GeminiWorker, events: list[str], says: str
+) -> None:
+    fake.enqueue(ScriptedResponse(events=events))
+
+    with pytest.raises(ProviderRejected, match=says) as caught:
+        await call_stream(worker)
+
+    assert not caught.value.retryable
+
+
+async def test_bad_stream_chunk_is_malformed(fake: FakeGeminiServer, worker: GeminiWorker) -> None:
+    fake.enqueue(ScriptedResponse(events=["data: {not json\r\n\r\n"]))
+
+    with pytest.raises(MalformedResponse, match="worker 'gemini': stream chunk is not JSON"):
+        await call_stream(worker)
+
+
+# -- construction -----------------------------------------------------------------------------
+
+
+def test_from_spec_refuses_what_it_cannot_call() -> None:
+    with pytest.raises(WorkerUnavailable, match=KEY_ENV):
+        GeminiWorker.from_spec(spec("http://127.0.0.1:9"), environ={})
+    with pytest.raises(WorkerUnavailable, match="needs api_key_env"):
+        GeminiWorker.from_spec(spec("http://127.0.0.1:9", api_key_env=None), environ={})
+    with pytest.raises(ConfigurationError, match="does not speak"):
+        GeminiWorker.from_spec(spec("http://x", provider=Provider.OPENAI), {KEY_ENV: KEY})
+
+
+async def test_borrowed_client_stays_open(fake: FakeGeminiServer) -> None:
+    async with httpx.AsyncClient() as client:
+        adapter = GeminiWorker.from_spec(spec(fake.base_url), {KEY_ENV: KEY}, client=client)
+        await call(adapter)
+        await adapter.aclose()
+
+        assert not client.is_closed  # borrowed: its owner closes it
+    assert KEY not in repr(adapter)
