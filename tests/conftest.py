@@ -21,13 +21,14 @@ DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgr
 COSTLY = ("model", "training", "processes", "slow")
 
 
-@pytest.fixture(autouse=True)
-def _test_cache_dir(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Caches (the llama.cpp prompt cache) go to the test session's directory, never the
-    user's; subprocesses inherit the variable."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+@pytest.fixture(autouse=True, scope="session")
+def _test_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Caches (the llama.cpp prompt cache, dequantised models) go to the test session's
+    directory, never the user's, and are shared by the session's tests; subprocesses inherit
+    the variable. Session-scoped so it is set before any module's fixtures load a model."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+        yield
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -41,7 +41,7 @@ from conductor_adapters.store.keys import create_key, revoke_key
 from fakes.api_server import LiveApi, scripted_service
 from fakes.scripted import ScriptedWorker
 
-# Hundreds of generated requests per operation: tens of seconds.
+# The coverage cases plus 25 to 60 generated requests per operation: tens of seconds.
 pytestmark = [pytest.mark.slow]
 
 WORKERS = ("alpha", "beta")
@@ -49,7 +49,6 @@ WORKERS = ("alpha", "beta")
 # the case); every other answer must come within it too. Scripted workflows take milliseconds.
 REQUEST_TIMEOUT_S = 3.0
 FUZZ = settings(
-    max_examples=100,
     deadline=None,
     database=None,  # one inner test serves every operation: no replays across them
     suppress_health_check=[
@@ -256,6 +255,7 @@ class Run:
     target: Target
     send: Send
     statuses: Counter[tuple[str, int]]
+    examples: int  # Hypothesis cases per operation, after the coverage cases
 
     def case(self, case: schemathesis.Case, pick: Pick) -> None:
         response = self.send(case, pick, self.target)
@@ -279,7 +279,7 @@ class Run:
             operation.as_strategy(GenerationMode.NEGATIVE),  # rejected where nothing can be
         )
 
-        @FUZZ
+        @settings(FUZZ, max_examples=self.examples)
         @given(case=strategy, data=st.data())
         def fuzz(case: schemathesis.Case, data: st.DataObject) -> None:
             self.case(case, lambda what, options: data.draw(st.sampled_from(options), label=what))
@@ -288,9 +288,14 @@ class Run:
 
 
 def _fuzz_all(
-    schema: schemathesis.BaseSchema, target: Target, send: Send, subtests: pytest.Subtests
+    schema: schemathesis.BaseSchema,
+    target: Target,
+    send: Send,
+    subtests: pytest.Subtests,
+    *,
+    examples: int,
 ) -> None:
-    run = Run(schema, target, send, Counter())
+    run = Run(schema, target, send, Counter(), examples)
     results = list(schema.get_all_operations())
     invalid = [str(result.err()) for result in results if isinstance(result, Err)]
     assert not invalid, f"invalid operations in the served OpenAPI document: {invalid}"
@@ -312,7 +317,7 @@ def test_fuzz_with_a_key(
     api_schema: schemathesis.BaseSchema, target: Target, subtests: pytest.Subtests
 ) -> None:
     """A live key: no 5xx, every refusal an OpenAI error object, every stream ends."""
-    _fuzz_all(api_schema, target, _with_key, subtests)
+    _fuzz_all(api_schema, target, _with_key, subtests, examples=60)
 
 
 def test_fuzz_without_a_key(
@@ -320,4 +325,5 @@ def test_fuzz_without_a_key(
 ) -> None:
     """No key, a revoked, mistyped or made-up one: every /v1 operation refuses with a 4xx
     error object (never a 2xx, never a 5xx); the operations endpoints need no key."""
-    _fuzz_all(api_schema, target, _without_key, subtests)
+    # A refusal depends on the key, not on the body: fewer random bodies find nothing more.
+    _fuzz_all(api_schema, target, _without_key, subtests, examples=25)

@@ -27,7 +27,7 @@ from conductor.errors import ConductorError, ConfigurationError, ModelNotFoundEr
 from conductor.ports import PlanFormat, PlanRequest
 from conductor.workflow import PlanOutcome, PoolEntry
 from conductor_adapters.llamacpp import smollm2_gguf_path
-from conductor_adapters.settings import Settings
+from conductor_adapters.settings import Settings, default_cache_dir
 from conductor_planner import ConductorPlanner
 from conductor_planner.backends import create_backend
 from conductor_planner.backends.transformers import (
@@ -40,6 +40,7 @@ from conductor_planner.backends.vllm import (
     VLLMPlannerBackend,
     structured_output_kwargs,
 )
+from conductor_planner.models import COMPLETE_MARKER
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -171,6 +172,8 @@ async def test_the_builtin_gguf_model_plans_through_the_conductor_planner(
     assert backend.plan_format is PlanFormat.LISTS
     assert backend.model_name.endswith(".gguf")
     assert backend.device.type in ("cpu", "cuda")
+    # The dequantised weights are kept, so the next load of the same file takes seconds.
+    assert list((default_cache_dir() / "transformers").glob(f"*/{COMPLETE_MARKER}"))
     planner = ConductorPlanner(backend)
     questions = [
         "What is 17 * 23?",

@@ -1,15 +1,18 @@
 """The planner service: renders the Conductor prompt, generates, parses and validates plans.
 
 What other services may use is exported here: the planner itself, and the transformers backend
-with its model resolution (the trainer plans with the model it is training, exactly as the
-planner serves a checkpoint). The backends and the gRPC server are this package's own.
+with its model resolution and loading (the trainer plans with the model it is training, exactly
+as the planner serves a checkpoint). The backends and the gRPC server are this package's own.
 """
 
-from conductor_planner.backends.transformers import (
-    ModelSource,
-    TransformersPlannerBackend,
-    resolve_model,
-)
+from conductor_planner.backends.transformers import TransformersPlannerBackend
+from conductor_planner.models import ModelSource, load_pretrained, resolve_model
 from conductor_planner.planner import ConductorPlanner
 
-__all__ = ["ConductorPlanner", "ModelSource", "TransformersPlannerBackend", "resolve_model"]
+__all__ = [
+    "ConductorPlanner",
+    "ModelSource",
+    "TransformersPlannerBackend",
+    "load_pretrained",
+    "resolve_model",
+]

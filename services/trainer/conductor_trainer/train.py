@@ -23,6 +23,7 @@ from conductor.ports import StepRunner
 from conductor.variants import MAX_STEPS_LIMIT
 from conductor_adapters.settings import Settings
 from conductor_evaluation import EvalItem, resolve_pool, split_items
+from conductor_trainer.precision import precision_fields
 
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoint"
@@ -104,21 +105,11 @@ def grpo_config(options: TrainOptions, trl: Any, *, use_cpu: bool) -> Any:
         save_total_limit=1,
         report_to="none",
         use_cpu=use_cpu,
+        **precision_fields(use_cpu=use_cpu),
         seed=options.seed,
         disable_tqdm=False,
     )
     return trl.GRPOConfig(**{**settings, **options.extra})
-
-
-def unmark_gguf(model: Any) -> None:
-    """A GGUF file's weights are dequantized (float32) as they load, but transformers still marks
-    the model as quantized by "gguf", and its Trainer refuses to fine-tune a quantized model.
-    Dropping the mark also keeps it out of the checkpoint's config, so the planner's
-    transformers backend loads the trained model as a plain one."""
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if getattr(model.config, "quantization_config", None) is not None:
-        del model.config.quantization_config
 
 
 def train(
@@ -138,7 +129,7 @@ def train(
     datasets, transformers, trl = _import_training()
     import torch
 
-    from conductor_planner import resolve_model
+    from conductor_planner import load_pretrained, resolve_model
     from conductor_trainer.metrics import MetricsFile, plot_training_curve
     from conductor_trainer.rollout import PlanRewarder, PolicyPlanner, RecursionStage
     from conductor_trainer.training_data import prompt_rows
@@ -149,13 +140,7 @@ def train(
     )
     if not train_items:
         raise ConfigurationError("no training items: check --suite and --items")
-    source = resolve_model(options.base_model)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs())
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        source.path, dtype=torch.float32, **source.load_kwargs()
-    )
-    if source.gguf_file:
-        unmark_gguf(model)
+    tokenizer, model = load_pretrained(resolve_model(options.base_model), dtype=torch.float32)
     rows = prompt_rows(
         train_items,
         pool,

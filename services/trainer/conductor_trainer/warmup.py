@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from conductor.workflow import ALL, AccessEntry, Plan, PlanStep
+from conductor_trainer.precision import precision_fields
 
 # Short subtasks: the targets must fit well inside the completion budget, or the model learns
 # to start plans it cannot finish within max tokens (a cut plan does not parse).
@@ -93,6 +94,7 @@ def warm_up(
         save_strategy="no",
         report_to="none",
         use_cpu=use_cpu,
+        **precision_fields(use_cpu=use_cpu),
         seed=seed,
     )
     trainer = SFTTrainer(

@@ -29,13 +29,12 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from conductor.chat import ChatMessage, Completion, Usage
 from conductor.errors import ConductorError, ConfigurationError, ModelNotFoundError
-from conductor.pool import BUILTIN_SMOLLM2
 from conductor.ports import PlanFormat
+from conductor_planner.models import load_pretrained, resolve_model
 
 if TYPE_CHECKING:
     import torch
@@ -57,43 +56,6 @@ class CausalLM(Protocol):
     def dtype(self) -> torch.dtype: ...
 
     def generate(self, *args: Any, **kwargs: Any) -> Any: ...
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where transformers loads a model from: a directory or hub id, plus a GGUF file in it."""
-
-    path: str
-    gguf_file: str | None = None
-
-    @property
-    def name(self) -> str:
-        return self.gguf_file or Path(self.path).name or self.path
-
-    def load_kwargs(self) -> dict[str, Any]:
-        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
-
-
-def resolve_model(model: str | None) -> ModelSource:
-    """``builtin:smollm2`` (also when unset), a GGUF file, a checkpoint directory or a hub id."""
-    if model is None or model == BUILTIN_SMOLLM2:
-        from conductor_adapters.llamacpp import smollm2_gguf_path
-
-        gguf = smollm2_gguf_path()
-        return ModelSource(str(gguf.parent), gguf.name)
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return ModelSource(str(path))
-    if path.is_file():
-        if path.suffix != ".gguf":
-            raise ModelNotFoundError(
-                f"planner model {path} is a file but not a GGUF file: name a checkpoint directory "
-                "(written by save_pretrained), a .gguf file or a hub id"
-            )
-        return ModelSource(str(path.parent), path.name)
-    if path.suffix == ".gguf" or path.is_absolute() or model.startswith((".", "~")):
-        raise ModelNotFoundError(f"planner model not found: {path}")
-    return ModelSource(model)  # a hub id, e.g. "org/name"
 
 
 def prompt_token_ids(
@@ -121,7 +83,7 @@ def load_transformers_backend(
     max_batch_size: int = 8,
 ) -> TransformersPlannerBackend:
     """Loads tokenizer and weights (blocking: seconds to minutes) and returns the backend."""
-    torch, transformers = _import_extra()
+    torch, _ = _import_extra()  # a clear error when the extra is missing
     source = resolve_model(model)
     if source.gguf_file and importlib.util.find_spec("accelerate") is None:
         raise ConfigurationError(
@@ -131,10 +93,7 @@ def load_transformers_backend(
     target = resolve_device(torch, device)
     torch_dtype = resolve_dtype(torch, dtype, target)
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source.path, **source.load_kwargs())
-        lm = transformers.AutoModelForCausalLM.from_pretrained(
-            source.path, dtype=torch_dtype, **source.load_kwargs()
-        )
+        tokenizer, lm = load_pretrained(source, dtype=torch_dtype)
     except OSError as exc:  # not found locally nor on the hub, or missing files
         raise ModelNotFoundError(f"cannot load planner model {source.name}: {exc}") from exc
     lm = lm.to(target).eval()
