@@ -81,6 +81,19 @@ class EngineOptions:
         )
 
 
+def _writable_dir(directory: Path | None) -> Path | None:
+    """``directory``, made if missing; None (with a warning) where it cannot be: a read-only
+    filesystem costs the prompt cache, not the engine."""
+    if directory is None:
+        return None
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        logger.warning("prompt cache off: cannot make %s: %s", directory, exc)
+        return None
+    return directory
+
+
 class LlamaCppEngine:
     """A GGUF model loaded in this process, answering OpenAI-shaped chat requests."""
 
@@ -101,17 +114,17 @@ class LlamaCppEngine:
         # cache's slot actions go through it), so it takes a key no one else knows.
         api_key = secrets.token_urlsafe(32)
         params.api_keys = [api_key]
-        if options.prompt_cache_dir is not None:
-            options.prompt_cache_dir.mkdir(parents=True, exist_ok=True)
-            params.slot_save_path = f"{options.prompt_cache_dir}{os.sep}"  # joined, not a dir
+        cache_dir = _writable_dir(options.prompt_cache_dir)
+        if cache_dir is not None:
+            params.slot_save_path = f"{cache_dir}{os.sep}"  # joined, not a dir
         self.path = path
         self._server = xllamacpp.Server(params)
         self._grammar_style = _grammar_style(xllamacpp)
         self._prompt_cache = (
             None
-            if options.prompt_cache_dir is None
+            if cache_dir is None
             else PromptCache(
-                options.prompt_cache_dir,
+                cache_dir,
                 model_key=_model_key(path, xllamacpp),
                 base_url=self._server.listening_address,
                 api_key=api_key,

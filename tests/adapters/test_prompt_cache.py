@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from conductor_adapters.llamacpp import (
     EngineOptions,
     LlamaCppEngine,
     PromptCache,
+    _writable_dir,
     smollm2_gguf_path,
 )
 
@@ -112,6 +114,20 @@ def test_a_file_that_cannot_be_restored_is_written_again(tmp_path: Path) -> None
     assert [action for action, _ in cache.actions] == ["restore", "save"]
     assert len(runs.bodies) == 1
     assert sent["id_slot"] == PromptCache.SLOT
+
+
+def test_a_cache_directory_that_cannot_be_made_turns_the_cache_off(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A read-only root filesystem (as containers often run) must cost the cache, not the engine.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with caplog.at_level(logging.WARNING):
+        assert _writable_dir(blocker / "llamacpp") is None
+    assert "prompt cache off" in caplog.text
+    assert _writable_dir(tmp_path / "made" / "here") == tmp_path / "made" / "here"
+    assert (tmp_path / "made" / "here").is_dir()
+    assert _writable_dir(None) is None
 
 
 def test_only_the_most_recently_used_files_are_kept(tmp_path: Path) -> None:
