@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,12 @@ from conductor.chat import ChatMessage, Completion
 from conductor.errors import ConfigurationError, ModelNotFoundError
 from conductor.pool import BUILTIN_SMOLLM2
 from conductor_adapters.openai_wire import parse_chat_response
-from conductor_adapters.settings import Settings, default_cache_dir
+from conductor_adapters.settings import (
+    Settings,
+    default_cache_dir,
+    default_llamacpp_threads,
+    file_cache_key,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +70,7 @@ def resolve_gguf(model: str) -> Path:
 class EngineOptions:
     context_tokens: int = 8192
     parallel_slots: int = 4
-    threads: int = max(1, min(os.cpu_count() or 1, 8))
+    threads: int = field(default_factory=default_llamacpp_threads)
     # Where the KV cache of stable prompt prefixes is kept between processes (None: not kept).
     prompt_cache_dir: Path | None = None
 
@@ -298,11 +303,9 @@ class PromptCache:
 
 
 def _model_key(path: Path, module: Any) -> str:
-    """What a KV cache depends on besides the prompt: the weights (this file's identity) and the
-    engine's version."""
-    stat = path.stat()
+    """What a KV cache depends on besides the prompt: the weights and the engine's version."""
     version = getattr(module, "__version__", "") or importlib.metadata.version("xllamacpp")
-    return f"{path}|{stat.st_size}|{stat.st_mtime_ns}|{version}"
+    return file_cache_key(path, version)
 
 
 def _grammar_style(module: Any) -> str:

@@ -26,6 +26,17 @@ def default_cache_dir() -> Path:
     return Path(base) / "conductor"
 
 
+def file_cache_key(path: Path, *versions: str) -> str:
+    """What a cache derived from a model file depends on: the file (its path, size and time of
+    change) and the versions of the software that derived it."""
+    stat = path.stat()
+    return "|".join([str(path), str(stat.st_size), str(stat.st_mtime_ns), *versions])
+
+
+def default_llamacpp_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
 def _default_database_url() -> str:
     return f"sqlite:///{default_data_dir() / 'conductor.db'}"
 
@@ -80,7 +91,7 @@ class Settings(BaseSettings):
     # slows down many times over (measured on 2 cores: one ask alone 13 s, two at once 50 s with
     # 2 threads each, 21 s with 1 each). One engine per process: `conductor stack` gives each of
     # its engine processes its share of the cores.
-    llamacpp_threads: int = Field(default=max(1, min(os.cpu_count() or 1, 8)), ge=1)
+    llamacpp_threads: int = Field(default_factory=default_llamacpp_threads, ge=1)
     llamacpp_context_tokens: int = Field(default=8192, ge=512)
     llamacpp_parallel_slots: int = Field(default=4, ge=1)
     # Keep the KV cache of the Conductor's system message in the user's cache directory, so a

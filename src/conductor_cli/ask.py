@@ -61,9 +61,10 @@ def ask(
     if distributed:
         from conductor_cli.local_stack import local_stack_env
 
-        database_url = local_stack_env()["CONDUCTOR_DATABASE_URL"]
+        env = local_stack_env()
+        database_url = env["CONDUCTOR_DATABASE_URL"]
         with timings.phase("workflow"):
-            result = _run_distributed(question, chosen, database_url)
+            result = _run_distributed(question, chosen, env)
     else:
         database_url = settings.database_url
         observers = [] if as_json else [ConsoleObserver(console)]
@@ -175,17 +176,17 @@ class ConsoleObserver:
             self.console.print(f"{head} [red]{step.status.value}[/] {escape(step.error or '')}")
 
 
-def _run_distributed(question: str, variant: Variant, database_url: str) -> WorkflowRecord:
-    """Submit through the broker, then follow the workflow's run row until it finishes."""
+def _run_distributed(question: str, variant: Variant, env: dict[str, str]) -> WorkflowRecord:
+    """Submit through the broker of the local stack's ``env``, then follow the workflow's run
+    row until it finishes."""
     import time
 
     from conductor_adapters.queue import new_celery_app
     from conductor_adapters.settings import BrokerSettings
     from conductor_adapters.store.db import check_schema, make_engine
     from conductor_adapters.store.runs import SubmitRequest, load_run, submit_workflow
-    from conductor_cli.local_stack import local_stack_env
 
-    env = local_stack_env()
+    database_url = env["CONDUCTOR_DATABASE_URL"]
     broker = BrokerSettings(
         broker_url=env["CONDUCTOR_BROKER_URL"], redis_url=env["CONDUCTOR_REDIS_URL"]
     )

@@ -22,7 +22,7 @@ from typing import Any
 
 from conductor.errors import ModelNotFoundError
 from conductor.pool import BUILTIN_SMOLLM2
-from conductor_adapters.settings import default_cache_dir
+from conductor_adapters.settings import default_cache_dir, file_cache_key
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,7 @@ def _load(transformers: Any, path: str, kwargs: dict[str, Any], dtype: Any) -> t
 
 def _cache_dir(source: ModelSource, transformers: Any) -> Path:
     gguf = (Path(source.path) / str(source.gguf_file)).resolve()
-    stat = gguf.stat()
-    key = f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    key = file_cache_key(gguf, transformers.__version__)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return default_cache_dir() / "transformers" / f"{gguf.stem}-{digest}"
 
