@@ -122,7 +122,8 @@ class WorkflowExecutor:
         unknown = sorted(set(names) - {e.name for e in self.entries})
         if unknown:
             raise InvalidRequest(f"workers not in the pool: {', '.join(unknown)}")
-        return [e for e in self.entries if e.name in set(names)]
+        wanted = set(names)
+        return [e for e in self.entries if e.name in wanted]
 
     async def _perform(self, machine: WorkflowMachine, action: Action) -> Fact:
         """Run one action; returns what happened, applied on the driver's turn."""

@@ -274,20 +274,18 @@ class WorkflowMachine:
         return ready[:1]
 
     def _dispatch(self, step: StepRecord) -> Dispatch:
-        messages = self._messages(step)
         self._mark_started(step)
-        sends = self._count_send(step.index)
-        return Dispatch(step=step.index, worker=step.worker, messages=messages, dispatch=sends)
+        return self._send(step)
 
-    def _messages(self, step: StepRecord) -> list[ChatMessage]:
+    def _send(self, step: StepRecord) -> Dispatch:
+        """A send of a step's call, the first or a resend: counted, and its time kept for the
+        step's deadline."""
         by_index = {s.index: s for s in self.result.steps}
-        return build_messages(self.result.question, step, by_index)
-
-    def _count_send(self, index: int) -> int:
-        sends = self.state.dispatches.get(index, 0) + 1
-        self.state.dispatches[index] = sends
-        self.state.dispatched_at[index] = utcnow()
-        return sends
+        messages = build_messages(self.result.question, step, by_index)
+        sends = self.state.dispatches.get(step.index, 0) + 1
+        self.state.dispatches[step.index] = sends
+        self.state.dispatched_at[step.index] = utcnow()
+        return Dispatch(step=step.index, worker=step.worker, messages=messages, dispatch=sends)
 
     def _request_plan(self, round_no: int, request: PlanRequest | None = None) -> RequestPlan:
         self.state.planning_round = round_no
@@ -307,15 +305,7 @@ class WorkflowMachine:
         for index in state.resend_steps:
             step = self._step(index)
             if step is not None and step.status is StepStatus.RUNNING:
-                sends = self._count_send(index)
-                actions.append(
-                    Dispatch(
-                        step=index,
-                        worker=step.worker,
-                        messages=self._messages(step),
-                        dispatch=sends,
-                    )
-                )
+                actions.append(self._send(step))
         state.resend_plan, state.resend_steps = False, []
         return actions
 
