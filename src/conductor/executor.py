@@ -135,7 +135,9 @@ class WorkflowExecutor:
                 return PlanFailed(action.round, str(exc))
         try:
             async with asyncio.timeout(variant.step_timeout_s):
-                call = await self.gateway.call(action.worker, action.messages)
+                call = await self.gateway.call(
+                    action.worker, action.messages, allowed_workers=action.allowed_workers
+                )
         except TimeoutError:
             return StepFailed(action.step, f"no answer within {variant.step_timeout_s:g} s")
         except Exception as exc:

@@ -137,6 +137,8 @@ class Dispatch(BaseModel):
     worker: str
     messages: list[ChatMessage]
     dispatch: int
+    # The workflow's pool: the only workers the call may reach, the worker's fallbacks included.
+    allowed_workers: list[str]
 
 
 class RequestPlan(BaseModel):
@@ -285,7 +287,13 @@ class WorkflowMachine:
         sends = self.state.dispatches.get(step.index, 0) + 1
         self.state.dispatches[step.index] = sends
         self.state.dispatched_at[step.index] = utcnow()
-        return Dispatch(step=step.index, worker=step.worker, messages=messages, dispatch=sends)
+        return Dispatch(
+            step=step.index,
+            worker=step.worker,
+            messages=messages,
+            dispatch=sends,
+            allowed_workers=[entry.name for entry in self.state.entries],
+        )
 
     def _request_plan(self, round_no: int, request: PlanRequest | None = None) -> RequestPlan:
         self.state.planning_round = round_no

@@ -51,6 +51,8 @@ class CallRequest(BaseModel):
     reply_to: str | None = Field(default=None, min_length=1, max_length=300)
     reply_queue: str | None = Field(default=None, min_length=1, max_length=200)
     context: StepContext | None = None
+    # Every worker the call may reach, fallbacks included; None: any worker of the pool.
+    allowed_workers: list[str] | None = Field(default=None, max_length=1000)
 
     @model_validator(mode="after")
     def _one_reply_route(self) -> Self:

@@ -21,6 +21,14 @@ def check_question(question: str) -> None:
         raise InvalidRequest("the question is empty")
     if len(question) > MAX_QUESTION_CHARS:
         raise InvalidRequest(f"the question is longer than {MAX_QUESTION_CHARS} characters")
+    check_no_nul("the question", question)
+
+
+def check_no_nul(what: str, text: str) -> None:
+    """Text from a client is refused with a NUL character in it: PostgreSQL cannot store one, and
+    a question or label is not altered behind its sender's back."""
+    if "\x00" in text:
+        raise InvalidRequest(f"{what} contains a NUL character (\\u0000)")
 
 
 def resolve_visible_steps(

@@ -13,7 +13,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -25,6 +24,7 @@ from pydantic import (
 
 from conductor.chat import Usage
 from conductor.errors import ConfigurationError
+from conductor.yaml_files import load_yaml_file
 
 LOCAL_WORKER_NAME = "smollm2-local"
 BUILTIN_SMOLLM2 = "builtin:smollm2"
@@ -65,7 +65,8 @@ class Domain(StrEnum):
 class Price(BaseModel):
     """USD per million tokens."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Strict: a quoted number or true/false in a pool file is a mistake to report, not to coerce.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     input: float = Field(default=0.0, ge=0)
     cached_input: float | None = Field(default=None, ge=0)
@@ -82,7 +83,7 @@ class Price(BaseModel):
 
 
 class Quotas(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     rpm: int | None = Field(default=None, gt=0)
     tpm: int | None = Field(default=None, gt=0)
@@ -129,13 +130,14 @@ class WorkerSpec(BaseModel):
     description: str = ""
     price: Price = Price()
     quotas: Quotas = Quotas()
-    max_tokens: int = Field(default=1024, gt=0)
-    temperature: float = Field(default=0.2, ge=0, le=2)
-    timeout_s: float = Field(default=120.0, gt=0)
+    # Strict numbers and flags (the provider, an enum, is read from its string).
+    max_tokens: int = Field(default=1024, gt=0, strict=True)
+    temperature: float = Field(default=0.2, ge=0, le=2, strict=True)
+    timeout_s: float = Field(default=120.0, gt=0, strict=True)
     # Workers tried, in order, when this one's retries are exhausted (or its key is refused).
     fallbacks: tuple[str, ...] = ()
     # Stream the answer from the provider (long answers never sit behind an idle timeout).
-    stream: bool = False
+    stream: bool = Field(default=False, strict=True)
     # Provider ``sim`` only: how the simulated worker answers.
     sim: SimProfile | None = None
 
@@ -275,11 +277,17 @@ def parse_pool(data: Any, source: str = "pool file") -> Pool:
     if not isinstance(data, dict) or not isinstance(data.get("workers"), dict | list):
         raise ConfigurationError(f"{source}: expected a mapping with a 'workers' section")
     raw = data["workers"]
-    items = (
-        [{"name": name, **(spec or {})} for name, spec in raw.items()]
-        if isinstance(raw, dict)
-        else list(raw)
-    )
+    named = raw.items() if isinstance(raw, dict) else ((f"#{i + 1}", s) for i, s in enumerate(raw))
+    items: list[Any] = []
+    for label, spec in named:
+        if isinstance(raw, dict) and spec is None:
+            spec = {}  # a worker given by name alone: its settings are checked below
+        if not isinstance(spec, dict):
+            raise ConfigurationError(
+                f"{source}: worker {label!r}: expected a mapping of settings (provider, model, "
+                f"...), got {type(spec).__name__} {spec!r:.80}"
+            )
+        items.append({"name": label, **spec} if isinstance(raw, dict) else spec)
     workers = []
     for item in items:
         try:
@@ -300,15 +308,7 @@ def parse_pool(data: Any, source: str = "pool file") -> Pool:
 
 
 def load_pool_file(path: Path) -> Pool:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigurationError(f"cannot read pool file {path}: {exc.strerror}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigurationError(f"pool file {path} is not valid YAML: {exc}") from exc
-    return parse_pool(data, source=str(path))
+    return parse_pool(load_yaml_file(path, "pool file"), source=str(path))
 
 
 def _describe(exc: ValidationError) -> str:

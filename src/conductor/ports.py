@@ -6,7 +6,7 @@ distributed mode (gRPC planner, Celery gateway) run the same orchestration.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -72,7 +72,16 @@ class StepRunner(Protocol):
         """The workers this runner can call."""
         ...
 
-    async def call(self, worker: str, messages: Sequence[ChatMessage]) -> StepCallResult: ...
+    async def call(
+        self,
+        worker: str,
+        messages: Sequence[ChatMessage],
+        *,
+        allowed_workers: Collection[str] | None = None,
+    ) -> StepCallResult:
+        """``allowed_workers``: every worker the call may reach, fallbacks included (a
+        workflow's pool, an API key's pool); None: any worker of the pool."""
+        ...
 
     async def aclose(self) -> None: ...
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from conductor.errors import ConfigurationError, InvalidRequest
+from conductor.yaml_files import load_yaml_file
 
 MAX_STEPS_LIMIT = 5  # the protocol's bound on steps per plan
 
 
 class Variant(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Strict: `max_steps: true` or `"5"` in a variants file is a mistake to report, not 1 or 5.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     name: str
     description: str = ""
@@ -58,10 +59,7 @@ def load_variants_file(path: Path) -> dict[str, Variant]:
     """Operator-defined variants: ``variants: {NAME: {max_steps: ..., ...}}`` in YAML (files
     written before the rename say ``profiles:``, which is read the same). A name may replace a
     built-in one."""
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigurationError(f"variants file {path}: {exc}") from None
+    raw = load_yaml_file(path, "variants file") or {}
     entries = raw.get("variants", raw.get("profiles")) if isinstance(raw, dict) else None
     if not isinstance(entries, dict) or not entries:
         raise ConfigurationError(f"variants file {path}: expected a non-empty 'variants' mapping")

@@ -161,3 +161,42 @@ async def test_the_embedded_runtime_keeps_the_numbered_events_clients_stream(
     ]
     assert rows[-1].payload["answer"] == result.answer
     assert rows[2].payload["status"] == "succeeded"
+
+
+async def test_nul_characters_in_model_output_are_stored_the_same_on_both_stores(
+    store: TraceStore, database_url: str
+) -> None:
+    """PostgreSQL refuses NUL in text and JSONB, SQLite keeps it: model output is untrusted, so
+    both store it with U+FFFD in its place, and the trace is complete."""
+    plan = "\x00" + lists([0, 1], ["solve\x00", "check"], [[], [0]])
+    executor = WorkflowExecutor(
+        planner=ConductorPlanner(ScriptedBackend(outputs=[plan])),
+        pool=POOL,
+        gateway=scripted_gateway(
+            POOL,
+            {
+                "alpha": ScriptedWorker("alpha", answer=lambda _: "four\x00"),
+                "beta": ScriptedWorker("beta", answer=lambda _: "\x00 still four"),
+            },
+        ),
+        observers=[store],
+    )
+
+    result = await executor.run("q", BUILTIN_VARIANTS["conductor-ultra"])
+
+    row = await store.get_workflow(result.workflow_id)
+    assert row is not None
+    steps = await store.list_steps(result.workflow_id)
+    assert (row.status, row.answer) == ("completed", "\ufffd still four")
+    assert [s.output for s in steps] == ["four\ufffd", "\ufffd still four"]
+    assert steps[0].subtask == "solve\ufffd"
+    assert row.planner_calls[0]["raw_output"].startswith("\ufffd")
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            kinds = conn.execute(
+                select(event_table.c.kind).where(event_table.c.workflow_id == result.workflow_id)
+            ).scalars()
+            assert list(kinds)[-1] == "completed"
+    finally:
+        engine.dispose()

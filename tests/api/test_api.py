@@ -24,6 +24,7 @@ import openai
 import pytest
 import redis.asyncio as aioredis
 
+from conductor.errors import WorkerUnavailable
 from conductor.variants import BUILTIN_VARIANTS
 from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
 from conductor_adapters.store.db import make_engine
@@ -35,7 +36,9 @@ from fakes.api_server import LiveApi, TwoStepBackend, named_pool, scripted_servi
 from fakes.distributed import distributed_stack
 from fakes.scripted import ScriptedWorker
 
-NAMES = ["alpha", "beta", "gamma"]
+NAMES = ["alpha", "beta", "gamma", "delta"]
+# delta is always down, and its pool entry falls back to alpha.
+FALLBACKS = {"delta": ["alpha"]}
 
 
 def _answer(name: str) -> Any:
@@ -47,6 +50,7 @@ def _workers() -> list[ScriptedWorker]:
         ScriptedWorker("alpha", answer=_answer("alpha")),
         ScriptedWorker("beta", answer=_answer("beta")),
         ScriptedWorker("gamma", delay_s=0.6, answer=_answer("gamma")),  # slow: for events
+        ScriptedWorker("delta", fail_with=WorkerUnavailable("delta is down")),
     ]
 
 
@@ -56,6 +60,7 @@ class Api:
     key: str  # tenant acme, any worker
     other_key: str  # tenant globex
     alpha_key: str  # tenant acme, may use alpha only
+    delta_key: str  # tenant acme, may use delta only
 
     @property
     def url(self) -> str:
@@ -82,13 +87,15 @@ def api(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     with ExitStack() as stack:
         if request.param == "embedded":
             database = tmp_path_factory.mktemp("api") / "conductor.db"
-            server = LiveApi(lambda: scripted_service(f"sqlite:///{database}", workers))
+            server = LiveApi(
+                lambda: scripted_service(f"sqlite:///{database}", workers, fallbacks=FALLBACKS)
+            )
         else:
             database_url: str = request.getfixturevalue("module_postgres_url")
             redis_url: str = request.getfixturevalue("redis_url")
             prefix: str = request.getfixturevalue("module_redis_prefix")
             running = stack.enter_context(distributed_stack(database_url, redis_url, prefix))
-            pool = named_pool(NAMES)
+            pool = named_pool(NAMES, fallbacks=FALLBACKS)
             running.configure(TwoStepBackend(), pool, {w.name: w for w in workers})
 
             def distributed_service() -> DistributedWorkflows:
@@ -113,6 +120,7 @@ def api(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
             key=create_key(engine, "acme").secret,
             other_key=create_key(engine, "globex").secret,
             alpha_key=create_key(engine, "acme", allowed_pool=["alpha"]).secret,
+            delta_key=create_key(engine, "acme", allowed_pool=["delta"]).secret,
         )
 
 
@@ -337,6 +345,42 @@ def test_a_pool_option_outside_the_keys_pool_is_400_with_the_reason(api: Api) ->
     assert [s["worker"] for s in narrowed.model_extra["conductor"]["steps"]] == ["alpha"]
 
 
+def test_a_keys_pool_bounds_every_path_its_workers_fallbacks_included(api: Api) -> None:
+    """delta is down and falls back to alpha: a key limited to delta never gets alpha's answer,
+    not as a pass-through, not in a workflow (chat, job API, gRPC); an unlimited key does."""
+    limited = api.client(api.delta_key)
+    with pytest.raises(openai.APIStatusError) as passthrough:
+        limited.chat.completions.create(model="delta", messages=QUESTION)
+    with pytest.raises(openai.APIStatusError) as chat:
+        limited.chat.completions.create(model="conductor-ultra", messages=QUESTION)
+    with api.http(api.delta_key) as http:
+        job = http.post("/v1/workflows", json={"question": "What is 6 * 7?"}).json()["id"]
+    _events(api, job)
+    metadata = [("authorization", f"Bearer {api.delta_key}")]
+    with grpc.insecure_channel(api.server.grpc_address) as channel:
+        stub = workflows_pb2_grpc.WorkflowsStub(channel)
+        accepted = stub.Submit(
+            workflows_pb2.SubmitRequest(question="What is 6 * 7?"), metadata=metadata, timeout=10
+        )
+        grpc_events = list(
+            stub.Watch(
+                workflows_pb2.WatchRequest(workflow_id=accepted.workflow_id),
+                metadata=metadata,
+                timeout=30,
+            )
+        )
+    unlimited = api.client().chat.completions.create(model="delta", messages=QUESTION)
+
+    assert passthrough.value.status_code == chat.value.status_code == 502
+    assert "alpha" not in passthrough.value.message
+    for workflow_id in (job, accepted.workflow_id):
+        workflow = _workflow(api, workflow_id, api.delta_key)
+        assert workflow["status"] == "failed"
+        assert [a["worker"] for s in workflow["steps"] for a in s["attempts"]] == ["delta"]
+    assert grpc_events[-1].WhichOneof("payload") == "failed"
+    assert unlimited.model_extra["conductor"]["worker"] == "alpha"  # fallbacks still work
+
+
 # -- job API and events -------------------------------------------------------------------------
 
 
@@ -400,10 +444,12 @@ def test_feedback_is_stored_as_the_workflows_reward(api: Api) -> None:
         workflow_id = http.post("/v1/workflows", json={"question": "q"}).json()["id"]
         stored = http.post(f"/v1/workflows/{workflow_id}/feedback", json={"score": 0.5})
         refused = http.post(f"/v1/workflows/{workflow_id}/feedback", json={"score": 2})
+        quoted = http.post(f"/v1/workflows/{workflow_id}/feedback", json={"score": "1"})
     assert stored.status_code == 200, stored.text
     assert stored.json() == {"id": workflow_id, "object": "workflow.feedback", "score": 0.5}
     assert refused.status_code == 400
     assert refused.json()["error"]["param"] == "score"
+    assert (quoted.status_code, quoted.json()["error"]["param"]) == (400, "score")
     assert _workflow(api, workflow_id)["feedback"] == 0.5
 
 
@@ -489,6 +535,17 @@ def test_grpc_submit_get_and_watch(api: Api) -> None:
             400,
             "single worker",
         ),
+        (
+            {"model": "conductor-mini", "messages": QUESTION, "conductor": {"max_steps": "1"}},
+            400,
+            "max_steps",
+        ),
+        (
+            {"model": "conductor-mini", "messages": QUESTION, "conductor": {"max_steps": True}},
+            400,
+            "max_steps",
+        ),
+        ({"model": "conductor-mini", "messages": QUESTION, "stream": "yes"}, 400, "stream"),
         (b"x" * (3 * 1024 * 1024), 413, "over"),
     ],
 )
@@ -506,6 +563,60 @@ def test_bad_requests_get_openai_error_objects(
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert fragment in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (
+            "/v1/chat/completions",
+            {"model": "conductor-mini", "messages": [{"role": "user", "content": "6\x00 * 7"}]},
+            "messages.0.content",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "alpha", "messages": [{"role": "user", "content": "\x00"}]},
+            "messages.0.content",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "conductor-mini", "messages": QUESTION, "metadata": {"k": "v\x00"}},
+            "metadata.k",
+        ),
+        ("/v1/workflows", {"question": "6 * 7\x00"}, "question"),
+        (
+            "/v1/workflows",
+            {"question": "6 * 7", "metadata": {"k\x00": "v"}},
+            "metadata.k\x00.[key]",
+        ),
+    ],
+    ids=["chat-message", "pass-through-message", "chat-label", "job-question", "job-label-key"],
+)
+def test_a_nul_character_from_a_client_is_a_400_naming_the_field(
+    api: Api, path: str, body: dict[str, Any], param: str
+) -> None:
+    """PostgreSQL cannot store NUL, SQLite can: both runtimes and stores refuse it alike."""
+    with api.http() as http:
+        response = http.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert "NUL" in error["message"]
+    assert error["param"] == param
+
+
+def test_a_nul_character_in_a_grpc_submission_is_invalid_argument(api: Api) -> None:
+    metadata = [("authorization", f"Bearer {api.key}")]
+    requests = [
+        workflows_pb2.SubmitRequest(question="6\x00 * 7"),
+        workflows_pb2.SubmitRequest(question="6 * 7", metadata={"k": "v\x00"}),
+    ]
+    with grpc.insecure_channel(api.server.grpc_address) as channel:
+        stub = workflows_pb2_grpc.WorkflowsStub(channel)
+        for request in requests:
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Submit(request, metadata=metadata, timeout=10)
+            assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "NUL" in (refused.value.details() or "")
 
 
 def test_health_readiness_metrics_and_openapi(api: Api) -> None:

@@ -48,6 +48,7 @@ ENTRIES = [
     PoolEntry(name="alpha", description="A generalist."),
     PoolEntry(name="beta", description="A careful checker."),
 ]
+NAMES = [e.name for e in ENTRIES]
 WITH_CONDUCTOR = [*ENTRIES, CONDUCTOR_ENTRY]
 ALPHA, BETA, CONDUCTOR = 0, 1, 2  # model ids in a pool that offers the Conductor
 MINI = BUILTIN_VARIANTS["conductor-mini"]
@@ -322,7 +323,11 @@ def test_the_first_step_of_a_round_gets_the_users_question() -> None:
     _, [first] = planned(ULTRA, step(ALPHA, "name the river"))
 
     assert first == Dispatch(
-        step=0, worker="alpha", messages=[first_of_round("name the river")], dispatch=1
+        step=0,
+        worker="alpha",
+        messages=[first_of_round("name the river")],
+        dispatch=1,
+        allowed_workers=NAMES,
     )
 
 
@@ -367,8 +372,28 @@ def test_a_dispatch_carries_exactly_the_visible_steps_subtasks_and_answers(
 
     # A step that needs nothing goes out with the first two; the others once both answered.
     assert [a for a in [*first, *later] if isinstance(a, Dispatch) and a.step == 2] == [
-        Dispatch(step=2, worker="alpha", messages=messages, dispatch=1)
+        Dispatch(step=2, worker="alpha", messages=messages, dispatch=1, allowed_workers=NAMES)
     ]
+
+
+def test_every_send_bounds_its_call_to_the_workflows_pool_in_every_round() -> None:
+    """A workflow narrowed to one worker (a key's pool, a pool option) never lets a step's call
+    reach another: not through the worker's fallbacks, not in a recursion round."""
+    machine = start(ULTRA, entries=[ENTRIES[0]])
+    request = requested(machine.advance()).request
+    narrowed = [ENTRIES[0], CONDUCTOR_ENTRY]
+    assert machine.apply(PlanReady(0, outcome(narrowed, step(0, "draft"), step(1, "replan"))))
+    [first] = machine.advance()
+    [plan_request] = succeed(machine, 0, "draft answer")
+    assert machine.apply(PlanReady(1, outcome(narrowed, step(0, "polish"))))
+    [second] = machine.advance()
+
+    assert request.pool == narrowed
+    assert isinstance(plan_request, RequestPlan)
+    assert isinstance(first, Dispatch)
+    assert isinstance(second, Dispatch)
+    assert (first.allowed_workers, second.allowed_workers) == (["alpha"], ["alpha"])
+    assert (second.step, second.worker) == (2, "alpha")
 
 
 # -- duplicate and late facts -----------------------------------------------------------------
@@ -651,7 +676,11 @@ def test_the_next_rounds_steps_continue_the_global_indices_and_give_the_answer()
     )
     assert (polish.index, polish.round, polish.worker) == (3, 1, "beta")
     assert dispatch == Dispatch(
-        step=3, worker="beta", messages=[first_of_round("polish")], dispatch=1
+        step=3,
+        worker="beta",
+        messages=[first_of_round("polish")],
+        dispatch=1,
+        allowed_workers=NAMES,
     )
     assert machine.result.answer == "final answer"
 
@@ -813,7 +842,9 @@ def test_a_step_past_its_deadline_is_sent_again_once_by_the_next_advance(clock: 
 
     assert applied is True
     assert isinstance(first, Dispatch)
-    assert again == [Dispatch(step=0, worker="alpha", messages=first.messages, dispatch=2)]
+    assert again == [
+        Dispatch(step=0, worker="alpha", messages=first.messages, dispatch=2, allowed_workers=NAMES)
+    ]
     assert machine.advance() == []
     assert machine.result.steps[0].status is StepStatus.RUNNING
 

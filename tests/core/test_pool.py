@@ -102,6 +102,17 @@ workers:
             "  - {name: a, provider: openai, model: n}",
             "duplicate worker names: a",
         ),
+        (
+            "workers:\n  x: {provider: openai, model: m}\n  x: {provider: gemini, model: g}",
+            "found 'x' a second time (first on line 2)",
+        ),
+        ("workers:\n  x: {provider: openai, model: m, model: n}", "found 'model' a second time"),
+        ("workers:\n  x: openai", "worker 'x': expected a mapping of settings"),
+        ("workers:\n  - openai", "worker '#1': expected a mapping of settings"),
+        ("workers:\n  x: {provider: openai, model: m, max_tokens: '64'}", "max_tokens"),
+        ("workers:\n  x: {provider: openai, model: m, stream: 1}", "stream"),
+        ("workers:\n  x: {provider: openai, model: m, quotas: {rpm: true}}", "quotas.rpm"),
+        ("workers:\n  x: {provider: openai, model: m, price: {input: '1'}}", "price.input"),
     ],
 )
 def test_bad_pool_files_say_what_is_wrong(tmp_path: Path, text: str, needle: str) -> None:
@@ -110,6 +121,30 @@ def test_bad_pool_files_say_what_is_wrong(tmp_path: Path, text: str, needle: str
     with pytest.raises(ConfigurationError, match=r"pool\.yaml") as info:
         load_pool_file(path)
     assert needle in str(info.value)
+
+
+def test_a_pool_file_that_is_not_utf8_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_bytes("workers:\n  x: {provider: openai, model: caf\u00e9}\n".encode("latin-1"))
+    with pytest.raises(
+        ConfigurationError, match=r"pool\.yaml is not UTF-8 text \(byte 43 is 0xe9\)"
+    ):
+        load_pool_file(path)
+
+
+def test_numbers_in_a_pool_file_may_be_integers_or_decimals(tmp_path: Path) -> None:
+    path = tmp_path / "pool.yaml"
+    path.write_text(
+        "workers:\n  x: {provider: openai, model: m, temperature: 0, timeout_s: 30,"
+        " price: {input: 1, output: 2.5}}"
+    )
+    spec = load_pool_file(path).get("x")
+    assert (spec.temperature, spec.timeout_s, spec.price.input, spec.price.output) == (
+        0,
+        30,
+        1,
+        2.5,
+    )
 
 
 def test_missing_pool_file_is_a_clear_error(tmp_path: Path) -> None:

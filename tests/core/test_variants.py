@@ -34,6 +34,11 @@ def test_a_variants_file_adds_variants_and_may_replace_a_builtin(tmp_path: Path)
         ("variants:\n  bad: {max_steps: 1, colour: red}\n", "bad: colour"),
         ("workers: {}\n", "'variants' mapping"),
         ("variants: [\n", "variants file"),
+        ("variants:\n  a: {max_steps: 1}\n  a: {max_steps: 2}\n", "found 'a' a second time"),
+        ("variants:\n  bad: {max_steps: true}\n", "bad: max_steps"),
+        ("variants:\n  bad: {max_steps: '5'}\n", "bad: max_steps"),
+        ("variants:\n  bad: {max_steps: 2, parallel: 'no'}\n", "bad: parallel"),
+        ("variants:\n  bad: 3\n", "bad: expected a mapping"),
     ],
 )
 def test_a_bad_profiles_file_names_the_problem(tmp_path: Path, text: str, message: str) -> None:

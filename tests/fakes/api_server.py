@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from conductor.chat import ChatMessage, Completion, Usage
@@ -110,12 +110,15 @@ class TwoStepBackend:
 
 
 def scripted_service(
-    database_url: str, workers: Sequence[ScriptedWorker], price: Price | None = None
+    database_url: str,
+    workers: Sequence[ScriptedWorker],
+    price: Price | None = None,
+    fallbacks: Mapping[str, Sequence[str]] | None = None,
 ) -> EmbeddedWorkflows:
     """The embedded service around the two-step Conductor and scripted workers."""
     upgrade(database_url)
     engine = make_engine(database_url)
-    pool = named_pool([w.name for w in workers], price)
+    pool = named_pool([w.name for w in workers], price, fallbacks)
     gateway = scripted_gateway(pool, {w.name: w for w in workers})
     executor = WorkflowExecutor(
         planner=ConductorPlanner(TwoStepBackend()),

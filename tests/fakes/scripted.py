@@ -75,8 +75,13 @@ def scripted_gateway(
     return WorkerGateway(pool, workers, policy=policy)
 
 
-def named_pool(names: Sequence[str], price: Price | None = None) -> Pool:
+def named_pool(
+    names: Sequence[str],
+    price: Price | None = None,
+    fallbacks: Mapping[str, Sequence[str]] | None = None,
+) -> Pool:
     """Workers ``names`` (described as "worker NAME"), never reached over the network."""
+    fallbacks = fallbacks or {}
     return Pool(
         workers=tuple(
             WorkerSpec(
@@ -86,6 +91,7 @@ def named_pool(names: Sequence[str], price: Price | None = None) -> Pool:
                 base_url="http://127.0.0.1:9",
                 description=f"worker {n}",
                 price=price or Price(),
+                fallbacks=tuple(fallbacks.get(n, ())),
             )
             for n in names
         )

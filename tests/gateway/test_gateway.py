@@ -164,6 +164,27 @@ async def test_exhausted_retries_fall_back_to_the_next_worker_and_attempts_name_
     assert fake_openai.chat_requests[-1].json["model"] == "model-backup"
 
 
+async def test_fallbacks_outside_the_allowed_workers_are_never_called(
+    fake_openai: FakeOpenAIServer, gateway_for
+) -> None:
+    fake_openai.enqueue(*[error(503, "down")] * 3)
+    gateway = gateway_for(
+        _spec("primary", fake_openai.base_url, fallbacks=["backup", "spare"]),
+        _spec("backup", fake_openai.base_url),
+        _spec("spare", fake_openai.base_url),
+        policy=RetryPolicy(max_attempts=1, base_delay_s=0),
+    )
+
+    with pytest.raises(StepCallFailed) as caught:
+        await gateway.call("primary", MESSAGES, allowed_workers=["primary", "spare"])
+    with pytest.raises(StepCallFailed, match="not among the workers this request may use"):
+        await gateway.call("backup", MESSAGES, allowed_workers=["primary"])
+
+    # backup is outside the allowed workers: skipped, and not named to the caller.
+    assert [r.json["model"] for r in fake_openai.chat_requests] == ["model-primary", "model-spare"]
+    assert "backup" not in str(caught.value)
+
+
 async def test_a_rejected_request_does_not_fall_back(
     fake_openai: FakeOpenAIServer, gateway_for
 ) -> None:

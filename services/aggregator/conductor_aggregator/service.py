@@ -227,6 +227,7 @@ class Aggregator:
                 context=StepContext(
                     workflow_id=str(workflow_id), step=action.step, dispatch=action.dispatch
                 ),
+                allowed_workers=action.allowed_workers,
             )
             queue = queue_for(self.pool.get(action.worker))
             body = request.model_dump(mode="json")

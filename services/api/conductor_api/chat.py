@@ -283,7 +283,7 @@ async def _passthrough(
     messages = _messages(body)
 
     def call() -> Awaitable[StepCallResult]:  # started inside the stream, if streaming
-        return service.passthrough(body.model, messages)
+        return service.passthrough(body.model, messages, allowed_workers=caller.allowed_pool)
 
     if body.stream:
         chunks = _Chunks(completion_id, body.model, created)

@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -73,8 +73,14 @@ class DistributedWorkflows(WorkflowService):
     async def submit(self, request: SubmitRequest) -> uuid.UUID:
         return await asyncio.to_thread(submit_workflow, self.engine, self.app, request)
 
-    async def passthrough(self, worker: str, messages: Sequence[ChatMessage]) -> StepCallResult:
-        return await self.runner.call(worker, messages)
+    async def passthrough(
+        self,
+        worker: str,
+        messages: Sequence[ChatMessage],
+        *,
+        allowed_workers: Collection[str] | None = None,
+    ) -> StepCallResult:
+        return await self.runner.call(worker, messages, allowed_workers=allowed_workers)
 
     async def _listen(self) -> None:
         pattern = f"{self.redis_prefix}events:*"

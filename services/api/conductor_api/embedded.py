@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from sqlalchemy import Engine, text
 
@@ -84,8 +84,14 @@ class EmbeddedWorkflows(WorkflowService):
         if not task.cancelled() and task.exception() is not None:
             logger.error("workflow task failed", exc_info=task.exception())
 
-    async def passthrough(self, worker: str, messages: Sequence[ChatMessage]) -> StepCallResult:
-        return await self.gateway.call(worker, messages)
+    async def passthrough(
+        self,
+        worker: str,
+        messages: Sequence[ChatMessage],
+        *,
+        allowed_workers: Collection[str] | None = None,
+    ) -> StepCallResult:
+        return await self.gateway.call(worker, messages, allowed_workers=allowed_workers)
 
     async def readiness(self) -> dict[str, str]:
         def ping() -> None:

@@ -1,7 +1,8 @@
 """Request and response bodies of the HTTP API (they are also its OpenAPI document).
 
 Field limits are part of the contract: a body over them is refused with a 400 that names the
-field, before any work starts.
+field, before any work starts. Numbers and flags are strict: `"max_steps": "5"` or `true` is a
+400, not 5 or 1, since a coerced value hides the client's mistake.
 """
 
 from __future__ import annotations
@@ -10,7 +11,14 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
 
 from conductor.orchestration import MAX_QUESTION_CHARS
 from conductor.variants import MAX_STEPS_LIMIT
@@ -19,9 +27,22 @@ from conductor.workflow import AttemptRecord, PlanOutcome, StepRecord
 MAX_MESSAGES = 256
 MAX_POOL_NAMES = 64
 MAX_LABELS = 32
-Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
-LabelValue = Annotated[str, StringConstraints(max_length=512)]
-Text = Annotated[str, StringConstraints(max_length=MAX_QUESTION_CHARS)]
+
+
+def _no_nul(value: str) -> str:
+    # PostgreSQL cannot store NUL; refused on every store alike, the field named in the 400.
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character (\\u0000)")
+    return value
+
+
+NoNul = AfterValidator(_no_nul)
+Name = Annotated[str, StringConstraints(min_length=1, max_length=128), NoNul]
+LabelValue = Annotated[str, StringConstraints(max_length=512), NoNul]
+# Message content, checked for NUL by its message (a check inside the content's union would put
+# pydantic's union member names into the error's param).
+ContentText = Annotated[str, StringConstraints(max_length=MAX_QUESTION_CHARS)]
+Text = Annotated[ContentText, NoNul]
 
 
 class ConductorOptions(BaseModel):
@@ -36,7 +57,7 @@ class ConductorOptions(BaseModel):
         description="Workers the Conductor may use; default: every worker the key may use.",
     )
     max_steps: int | None = Field(
-        default=None, ge=1, le=MAX_STEPS_LIMIT, description="Most steps per plan."
+        default=None, ge=1, le=MAX_STEPS_LIMIT, strict=True, description="Most steps per plan."
     )
 
 
@@ -44,15 +65,21 @@ class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     type: Literal["text"]
-    text: Text
+    text: ContentText
 
 
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: Text | Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)]
+    content: ContentText | Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)]
     name: Name | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _check_content(cls, content: str | list[TextPart]) -> str | list[TextPart]:
+        _no_nul(content if isinstance(content, str) else "".join(p.text for p in content))
+        return content
 
     @property
     def text(self) -> str:
@@ -64,7 +91,7 @@ class ChatMessageIn(BaseModel):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    include_usage: bool = False
+    include_usage: bool = Field(default=False, strict=True)
 
 
 class ChatCompletionRequest(BaseModel):
@@ -75,9 +102,9 @@ class ChatCompletionRequest(BaseModel):
 
     model: Name = Field(description="A variant (e.g. conductor-ultra) or a worker's name.")
     messages: list[ChatMessageIn] = Field(min_length=1, max_length=MAX_MESSAGES)
-    stream: bool = False
+    stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1, le=1, description="Only one choice is supported.")
+    n: int = Field(default=1, ge=1, le=1, strict=True, description="Only one choice is supported.")
     conductor: ConductorOptions | None = None
     metadata: dict[Name, LabelValue] | None = Field(default=None, max_length=MAX_LABELS)
 
@@ -88,7 +115,7 @@ class WorkflowSubmission(BaseModel):
     question: Text = Field(min_length=1)
     variant: Name | None = Field(default=None, description="Default: the server's default.")
     pool: list[Name] | None = Field(default=None, min_length=1, max_length=MAX_POOL_NAMES)
-    max_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS_LIMIT)
+    max_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS_LIMIT, strict=True)
     metadata: dict[Name, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
 
 
@@ -101,7 +128,9 @@ class WorkflowAccepted(BaseModel):
 class Feedback(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    score: float = Field(ge=0.0, le=1.0, description="0 (wrong) to 1 (right); kept as reward.")
+    score: float = Field(
+        ge=0.0, le=1.0, strict=True, description="0 (wrong) to 1 (right); kept as reward."
+    )
 
 
 class FeedbackStored(BaseModel):

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Engine
@@ -20,7 +20,7 @@ from sqlalchemy import Engine
 from conductor.chat import ChatMessage
 from conductor.errors import InvalidRequest
 from conductor.machine import FINAL_EVENT_KINDS
-from conductor.orchestration import check_question
+from conductor.orchestration import check_no_nul, check_question
 from conductor.pool import Pool
 from conductor.ports import StepCallResult
 from conductor.variants import Variant, get_variant
@@ -95,8 +95,15 @@ class WorkflowService(ABC):
         """Record the workflow (queued, with its tenant) and start it; returns at once."""
 
     @abstractmethod
-    async def passthrough(self, worker: str, messages: Sequence[ChatMessage]) -> StepCallResult:
-        """One call to one worker, with the gateway's retries, quotas and costs."""
+    async def passthrough(
+        self,
+        worker: str,
+        messages: Sequence[ChatMessage],
+        *,
+        allowed_workers: Collection[str] | None = None,
+    ) -> StepCallResult:
+        """One call to one worker, with the gateway's retries, quotas and costs; its fallbacks
+        only among ``allowed_workers`` (the caller's key's pool; None: any)."""
 
     @abstractmethod
     async def readiness(self) -> dict[str, str]:
@@ -157,6 +164,8 @@ class WorkflowService(ABC):
         """A request checked against every rule before anything is recorded: the question,
         the variant, max_steps, and the pool against the pool and the caller's key."""
         check_question(question)
+        for key, value in (metadata or {}).items():
+            check_no_nul(f"the label {key!r}", key + value)
         return SubmitRequest(
             question=question,
             variant=self.variant_for(variant, max_steps),

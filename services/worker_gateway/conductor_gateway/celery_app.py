@@ -84,7 +84,9 @@ class GatewayProcess:
     async def _call(self, request: CallRequest) -> CallReply:
         base = {"call_id": request.call_id, "context": request.context}
         try:
-            result = await self.gateway.call(request.worker, request.messages)
+            result = await self.gateway.call(
+                request.worker, request.messages, allowed_workers=request.allowed_workers
+            )
             return CallReply(**base, ok=True, result=result, attempts=result.attempts)
         except StepCallFailed as exc:
             return CallReply(**base, ok=False, error=str(exc), attempts=exc.attempts)

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import redis.asyncio as aioredis
 from celery import Celery
@@ -50,10 +50,20 @@ class QueuedStepRunner:
     def worker_names(self) -> frozenset[str]:
         return self._names
 
-    async def call(self, worker: str, messages: Sequence[ChatMessage]) -> StepCallResult:
+    async def call(
+        self,
+        worker: str,
+        messages: Sequence[ChatMessage],
+        *,
+        allowed_workers: Collection[str] | None = None,
+    ) -> StepCallResult:
         spec = self.pool.get(worker)
         request = CallRequest(
-            call_id=uuid.uuid4().hex, worker=worker, messages=list(messages), reply_to=self.reply_to
+            call_id=uuid.uuid4().hex,
+            worker=worker,
+            messages=list(messages),
+            reply_to=self.reply_to,
+            allowed_workers=None if allowed_workers is None else sorted(allowed_workers),
         )
         reply_future: asyncio.Future[CallReply] = asyncio.get_running_loop().create_future()
         self._waiting[request.call_id] = reply_future

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 
 from conductor.chat import ChatMessage, Completion
@@ -72,11 +72,23 @@ class WorkerGateway:
     def worker_names(self) -> frozenset[str]:
         return frozenset(self.workers)
 
-    async def call(self, worker: str, messages: Sequence[ChatMessage]) -> StepCallResult:
+    async def call(
+        self,
+        worker: str,
+        messages: Sequence[ChatMessage],
+        *,
+        allowed_workers: Collection[str] | None = None,
+    ) -> StepCallResult:
         spec = self.pool.get(worker)
+        allowed = None if allowed_workers is None else frozenset(allowed_workers)
+        if allowed is not None and worker not in allowed:
+            raise StepCallFailed(f"{worker}: not among the workers this request may use", [])
         attempts: list[AttemptRecord] = []
         errors: list[str] = []
-        for name in (worker, *spec.fallbacks):
+        # Fallbacks outside the request's workers are skipped without a word: naming them would
+        # tell a limited API key about workers it may not see.
+        reachable = [n for n in spec.fallbacks if allowed is None or n in allowed]
+        for name in (worker, *reachable):
             if name not in self.workers:
                 errors.append(f"{name}: not callable here")
                 continue

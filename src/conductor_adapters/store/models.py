@@ -14,10 +14,10 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index, MetaData, Table, Text, UniqueConstraint, text
+from sqlalchemy import JSON, Column, Dialect, Index, MetaData, Table, Text, UniqueConstraint, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import registry
-from sqlalchemy.types import TypeEngine
+from sqlalchemy.types import TypeDecorator, TypeEngine
 from sqlmodel import Field, SQLModel, UTCDateTime
 
 NAMING_CONVENTION: dict[str, str] = {
@@ -30,8 +30,47 @@ NAMING_CONVENTION: dict[str, str] = {
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
-# JSONB on Postgres (indexable, compact); JSON text elsewhere.
-JSON_TYPE: TypeEngine[Any] = JSON().with_variant(JSONB(), "postgresql")
+# PostgreSQL refuses NUL characters in text and JSONB values (a DataError that would lose the
+# write), SQLite keeps them. Traces hold untrusted text (model outputs, provider errors), so
+# every text and JSON value is written with NUL replaced by U+FFFD, the same on both stores.
+NUL, REPLACEMENT = "\x00", "\ufffd"
+
+
+def without_nul(value: Any) -> Any:
+    """``value`` with NUL replaced in every string, keys of mappings included."""
+    if isinstance(value, str):
+        return value.replace(NUL, REPLACEMENT) if NUL in value else value
+    if isinstance(value, dict):
+        return {without_nul(k): without_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [without_nul(v) for v in value]
+    return value
+
+
+class SafeText(TypeDecorator[str]):
+    """TEXT, written without NUL characters."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else value.replace(NUL, REPLACEMENT)
+
+
+class SafeJSON(TypeDecorator[Any]):
+    """JSONB on Postgres (indexable, compact), JSON text elsewhere; written without NUL."""
+
+    impl = JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        return dialect.type_descriptor(JSONB() if dialect.name == "postgresql" else JSON())
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        return without_nul(value)
+
+
+JSON_TYPE: TypeEngine[Any] = SafeJSON()
 
 
 def _json_column() -> Any:
@@ -55,7 +94,7 @@ class WorkflowRow(DbModel, table=True):
     id: uuid.UUID = Field(default_factory=uuid.uuid4, primary_key=True)
     tenant: str = Field(default="default", index=True)
     variant: str
-    question: str = Field(sa_type=Text)
+    question: str = Field(sa_type=SafeText)
     status: str = Field(index=True)
     # Workers as configured when the workflow ran (names of key variables, never keys).
     pool_snapshot: list[dict[str, Any]] = Field(default_factory=list, sa_column=_json_column())
@@ -64,7 +103,7 @@ class WorkflowRow(DbModel, table=True):
     # The executed steps, all rounds: {round, model_id, worker, subtask, access_list}.
     plan: list[dict[str, Any]] = Field(default_factory=list, sa_column=_json_column())
     plan_valid: bool = False
-    answer: str | None = Field(default=None, sa_type=Text)
+    answer: str | None = Field(default=None, sa_type=SafeText)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -73,7 +112,7 @@ class WorkflowRow(DbModel, table=True):
     cost_usd: float = 0.0
     latency_ms: float = 0.0
     feedback: float | None = None
-    error: str | None = Field(default=None, sa_type=Text)
+    error: str | None = Field(default=None, sa_type=SafeText)
     # Free-form metadata the client submitted (e.g. its request id); never shown to a model.
     labels: dict[str, str] = Field(
         default_factory=dict,
@@ -98,11 +137,11 @@ class StepRow(DbModel, table=True):
     round: int = 0
     kind: str = "worker"
     worker: str
-    subtask: str = Field(sa_type=Text)
+    subtask: str = Field(sa_type=SafeText)
     access_list: list[int | str] = Field(default_factory=list, sa_column=_json_column())
     visible_steps: list[int] = Field(default_factory=list, sa_column=_json_column())
     status: str
-    output: str | None = Field(default=None, sa_type=Text)
+    output: str | None = Field(default=None, sa_type=SafeText)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -112,7 +151,7 @@ class StepRow(DbModel, table=True):
     latency_ms: float = 0.0
     started_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
-    error: str | None = Field(default=None, sa_type=Text)
+    error: str | None = Field(default=None, sa_type=SafeText)
 
 
 class AttemptRow(DbModel, table=True):
@@ -127,7 +166,7 @@ class AttemptRow(DbModel, table=True):
     worker: str | None = None  # who was called: the step's worker or one of its fallbacks
     status: str
     error_class: str | None = None
-    error: str | None = Field(default=None, sa_type=Text)
+    error: str | None = Field(default=None, sa_type=SafeText)
     status_code: int | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0

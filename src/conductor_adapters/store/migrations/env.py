@@ -14,12 +14,11 @@ from typing import Any, Literal
 
 from alembic import context
 from alembic.autogenerate.api import AutogenContext
-from sqlalchemy import JSON
 from sqlalchemy.engine import Connection
 from sqlmodel import AutoString, UTCDateTime
 
 from conductor_adapters.store.db import make_engine, normalize_url
-from conductor_adapters.store.models import metadata
+from conductor_adapters.store.models import SafeJSON, SafeText, metadata
 
 config = context.config
 target_metadata = metadata
@@ -35,18 +34,16 @@ def _url() -> str:
     return normalize_url(url).render_as_string(hide_password=False)
 
 
-def _variants(type_: Any) -> dict[str, Any]:
-    return dict(getattr(type_, "_variant_mapping", {}))
-
-
 def _render_item(kind: str, obj: Any, autogen: AutogenContext) -> str | Literal[False]:
     """Render SQLModel's column types as plain SQLAlchemy, so migrations never import them."""
     if kind == "type" and isinstance(obj, UTCDateTime):
         return "sa.DateTime(timezone=True)"
-    if kind == "type" and isinstance(obj, JSON) and "postgresql" in _variants(obj):
+    if kind == "type" and isinstance(obj, SafeJSON):
         # Alembic would render JSONB(astext_type=Text()) without the "sa." prefix.
         autogen.imports.add("from sqlalchemy.dialects import postgresql")
         return 'sa.JSON().with_variant(postgresql.JSONB(), "postgresql")'
+    if kind == "type" and isinstance(obj, SafeText):
+        return "sa.Text()"
     if kind == "type" and isinstance(obj, AutoString):
         length = getattr(obj.impl, "length", None)
         return f"sa.String(length={length})" if length else "sa.String()"
