@@ -25,6 +25,13 @@ STEP_RESULT_TASK = "conductor.aggregator.step_result"
 MAX_MESSAGES = 200
 
 
+def ended_channel(prefix: str) -> str:
+    """The Redis channel on which the aggregator names each workflow that ended (its id, as
+    text): gateways cancel that workflow's calls still in flight, so a failed step's siblings
+    stop at once and the provider sees its request closed."""
+    return f"{prefix}workflows:ended"
+
+
 def queue_for(spec: WorkerSpec) -> str:
     """One queue per vendor, so each scales on its own: ``gateway.openai``, ``gateway.gemini``."""
     return f"gateway.{spec.provider.value}"

@@ -7,6 +7,7 @@ distributed stack (gRPC planner, aggregator and gateway on the Redis broker, Pos
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -264,7 +265,7 @@ async def test_invalid_conductor_output_falls_back_and_is_recorded(
 async def test_a_failing_step_fails_the_workflow_with_its_reason(make_runtime: Make) -> None:
     workers = [
         ScriptedWorker("alpha", fail_with=ProviderUnavailable("HTTP 503 from provider")),
-        ScriptedWorker("beta", delay_s=5.0),
+        ScriptedWorker("beta", delay_s=20.0),
         ScriptedWorker("gamma"),
     ]
     plan = lists([0, 1, 2], ["a", "b", "c"], [[], [], ["all"]])
@@ -284,6 +285,10 @@ async def test_a_failing_step_fails_the_workflow_with_its_reason(make_runtime: M
     assert workers[2].calls == []
     assert result.latency_ms < 2000  # the slow sibling was cancelled, not awaited
     assert returned_after_s < 2  # ...by the caller either
+    # ...and its provider call is cancelled too, not left running and paid for (distributed:
+    # the gateway hears that the workflow ended).
+    assert await asyncio.to_thread(workers[1].cancellation.wait, 2)
+    assert 0 < workers[1].calls[0].cancelled - started < 2
 
 
 async def test_usage_and_cost_count_every_step_and_the_conductor(make_runtime: Make) -> None:

@@ -7,6 +7,7 @@ code paths; they also log what they received and when, for the behavioural tests
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ class Call:
     messages: list[ChatMessage]
     started: float
     finished: float = 0.0
+    cancelled: float = 0.0  # perf_counter() when the call was cancelled (its caller gave up)
 
 
 @dataclass
@@ -36,13 +38,21 @@ class ScriptedWorker:
     answer: Callable[[list[ChatMessage]], str] | None = None
     fail_with: Exception | None = None
     calls: list[Call] = field(default_factory=list)
+    # Set when a call is cancelled; a threading.Event, since a distributed stack's gateway runs
+    # the worker on another thread's loop.
+    cancellation: threading.Event = field(default_factory=threading.Event)
 
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> Completion:
         call = Call(messages=list(messages), started=time.perf_counter())
         self.calls.append(call)
-        await asyncio.sleep(self.delay_s)
+        try:
+            await asyncio.sleep(self.delay_s)
+        except asyncio.CancelledError:
+            call.cancelled = time.perf_counter()
+            self.cancellation.set()
+            raise
         call.finished = time.perf_counter()
         if self.fail_with is not None:
             raise self.fail_with

@@ -45,6 +45,7 @@ from conductor.messaging import (
     CallReply,
     CallRequest,
     StepContext,
+    ended_channel,
     queue_for,
 )
 from conductor.pool import Pool
@@ -238,8 +239,9 @@ class Aggregator:
             )
 
     def _announce(self, workflow_id: uuid.UUID, events: list[MachineEvent]) -> None:
-        """Tell listeners (the API) that events were stored; best effort, since the database
-        has them and a listener that missed a notice reads them from there."""
+        """Tell listeners (the API) that events were stored, and gateways that the workflow
+        ended; best effort, since the database has the events (a listener that missed a notice
+        reads them there) and a call not cancelled only finishes unused."""
         if self.redis is None or not events:
             return
         channel = events_channel(self.redis_prefix, workflow_id)
@@ -247,6 +249,8 @@ class Aggregator:
             for event in events:
                 notice = {"sequence": event.sequence, "kind": event.kind.value}
                 self.redis.publish(channel, json.dumps(notice))
+            if any(event.kind.final for event in events):
+                self.redis.publish(ended_channel(self.redis_prefix), str(workflow_id))
         except (redis.RedisError, OSError) as exc:
             logger.warning("cannot announce events of %s (%s); they are stored", workflow_id, exc)
 

@@ -25,6 +25,7 @@ from conductor.messaging import (
     STEP_RESULT_TASK,
     CallReply,
     CallRequest,
+    ended_channel,
 )
 from conductor.pool import Pool
 from conductor.ports import ChatWorker
@@ -59,6 +60,33 @@ class GatewayProcess:
         # One script rather than a MULTI pipeline: redis-py builds each pipeline object at a
         # cost that showed in variants at hundreds of replies a second.
         self._push_reply = self.redis.register_script(PUSH_REPLY)
+        # Calls in flight per workflow, cancelled when the aggregator says the workflow ended.
+        self._in_flight: dict[str, set[asyncio.Task[Any]]] = {}
+        self._ended_calls: set[asyncio.Task[Any]] = set()  # cancelled for that reason
+        self._ended_watch = self.loop.run(self._start_ended_watch())
+
+    async def _start_ended_watch(self) -> asyncio.Task[None]:
+        return asyncio.create_task(self._watch_ended(), name="ended-workflows")
+
+    async def _watch_ended(self) -> None:
+        """Cancel the calls of each workflow the aggregator names as ended; resubscribes after a
+        Redis outage (a notice missed then only lets a call finish unused)."""
+        channel = ended_channel(self.settings.redis_prefix)
+        while True:
+            try:
+                async with self.redis.pubsub() as pubsub:
+                    await pubsub.subscribe(channel)
+                    async for message in pubsub.listen():
+                        if message["type"] == "message":
+                            self._cancel_workflow(message["data"].decode())
+            except (OSError, aioredis.RedisError) as exc:
+                logger.warning("ended-workflow notices lost (%s); subscribing again", exc)
+                await asyncio.sleep(1)
+
+    def _cancel_workflow(self, workflow_id: str) -> None:
+        for task in self._in_flight.pop(workflow_id, set()):
+            self._ended_calls.add(task)
+            task.cancel()
 
     async def _connect(self) -> aioredis.Redis:
         # Created on the loop that will use it: redis.asyncio clients belong to one loop. A
@@ -83,6 +111,10 @@ class GatewayProcess:
 
     async def _call(self, request: CallRequest) -> CallReply:
         base = {"call_id": request.call_id, "context": request.context}
+        workflow_id = request.context.workflow_id if request.context is not None else None
+        task = asyncio.current_task()
+        if workflow_id is not None and task is not None:
+            self._in_flight.setdefault(workflow_id, set()).add(task)
         try:
             result = await self.gateway.call(
                 request.worker, request.messages, allowed_workers=request.allowed_workers
@@ -92,6 +124,19 @@ class GatewayProcess:
             return CallReply(**base, ok=False, error=str(exc), attempts=exc.attempts)
         except ConductorError as exc:  # unknown worker, bad configuration
             return CallReply(**base, ok=False, error=str(exc))
+        except asyncio.CancelledError:
+            if task not in self._ended_calls:
+                raise  # the process is stopping: the message is redelivered
+            # Its workflow ended: the reply is acknowledged and ignored by the aggregator.
+            return CallReply(**base, ok=False, error="cancelled: its workflow had ended")
+        finally:
+            self._ended_calls.discard(task)
+            if workflow_id is not None and task is not None:
+                calls = self._in_flight.get(workflow_id)
+                if calls is not None:
+                    calls.discard(task)
+                    if not calls:
+                        del self._in_flight[workflow_id]
 
     async def _deliver(self, reply_to: str, body: str) -> None:
         """Push the reply, retrying here: a Redis blip must not make the provider call again."""
@@ -107,6 +152,8 @@ class GatewayProcess:
 
     def close(self) -> None:
         async def shutdown() -> None:
+            self._ended_watch.cancel()
+            await asyncio.gather(self._ended_watch, return_exceptions=True)
             await self.gateway.aclose()
             await self.redis.aclose()
 
