@@ -72,6 +72,7 @@ def _stack(
     worker_limits: dict[str, int] | None = None,
     gateways: int = 1,
     aggregators: int = 1,
+    env: dict[str, str] | None = None,
 ) -> LocalStack:
     planner, workers = fakes
     pool = {
@@ -91,6 +92,7 @@ def _stack(
     pool_file.write_text(yaml.safe_dump(pool))
     upgrade(database_url)
     env = {
+        **(env or {}),
         "CONDUCTOR_DATABASE_URL": database_url,
         "CONDUCTOR_BROKER_URL": broker_url,
         "CONDUCTOR_REDIS_URL": redis_url,
@@ -243,15 +245,17 @@ def _run_through_fault(
     ready: Callable[[], bool],
     fault: Callable[[], None],
     count: int = 10,
+    redis_prefix: str = "conductor:",
+    within_s: float = 180,
 ) -> list[uuid.UUID]:
     """Start the stack, submit ``count`` workflows, cause ``fault`` once ``ready()`` holds
-    (mid-run), wait for every workflow, stop the stack."""
+    (mid-run), wait ``within_s`` at most for every workflow, stop the stack."""
     stack.start()
     try:
-        ids = _submit(engine, _client(broker_url), count)
+        ids = _submit(engine, _client(broker_url, redis_prefix), count)
         _wait_for(ready, "the run to be under way")
         fault()
-        _wait_all(engine, ids, stack, timeout_s=180)
+        _wait_all(engine, ids, stack, timeout_s=within_s)
     finally:
         stack.stop()
     return ids
@@ -344,6 +348,48 @@ def test_a_gateway_killed_mid_call_loses_nothing(
     _assert_all_ended_well(_check_traces(engine, ids))
     engine.dispose()
     assert len(workers.chat_requests) > 20  # 10 workflows of 2-3 steps, plus the redone calls
+
+
+def test_a_gateway_killed_on_the_redis_broker_has_its_calls_back_after_the_visibility_timeout(
+    tmp_path: Path,
+    fakes: tuple[FakeOpenAIServer, FakeOpenAIServer],
+    postgres_url: str,
+    redis_url: str,
+    redis_prefix: str,
+) -> None:
+    # Given the stack on the Redis broker with a 10 s visibility timeout, and slow workers
+    workers = fakes[1]
+    workers.latency_s = 2.0
+    stack = _stack(
+        tmp_path,
+        fakes,
+        database_url=postgres_url,
+        broker_url=redis_url,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        env={"CONDUCTOR_BROKER_VISIBILITY_TIMEOUT_S": "10"},
+    )
+    engine = make_engine(postgres_url)
+
+    def kill_and_replace() -> None:
+        stack.get("gateway-0").kill()
+        stack.add_gateway()
+
+    # When the gateway dies with calls in flight, and a fresh one takes over
+    ids = _run_through_fault(
+        stack,
+        engine,
+        redis_url,
+        redis_prefix=redis_prefix,
+        ready=lambda: workers.in_flight >= 5,
+        fault=kill_and_replace,
+        # the timeout, the 1 s scan, a new gateway's start and the rest of the run; kombu's
+        # default scan (every ~100 s) missed this, and the step deadline (600 s) would too
+        within_s=40,
+    )
+    # Then every workflow completed; the calls cut off were made again
+    _assert_all_ended_well(_check_traces(engine, ids))
+    engine.dispose()
 
 
 def _redis_server(port: int) -> subprocess.Popen[bytes]:
