@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -113,3 +113,12 @@ def database_url(request: pytest.FixtureRequest) -> str:
     """Runs a test once on SQLite and once on Postgres (marked ``postgres``)."""
     url: str = request.getfixturevalue(f"{request.param}_url")
     return url
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    """A migrated database on SQLite, then on Postgres."""
+    upgrade(database_url)
+    engine = make_engine(database_url)
+    yield engine
+    engine.dispose()

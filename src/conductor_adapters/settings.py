@@ -98,6 +98,11 @@ class Settings(BaseSettings):
     # new process's first plan does not recompute it (~26 MB per system message and model).
     llamacpp_prompt_cache: bool = True
 
+    # conductor serve: how often it says it lives, and how long a silent one is taken for dead
+    # (its queued and running workflows are then failed with a reason by a live one).
+    runner_heartbeat_s: float = Field(default=5.0, gt=0)
+    runner_stale_after_s: float = Field(default=30.0, gt=0)
+
 
 class BrokerSettings(BaseSettings):
     """The queue and Redis every distributed role shares (gateway, aggregator, api)."""

@@ -148,6 +148,8 @@ def embedded_api_service(runtime: EmbeddedRuntime, settings: Settings) -> Embedd
         runtime.pool,
         load_variants(settings),
         settings.default_variant,
+        heartbeat_s=settings.runner_heartbeat_s,
+        stale_after_s=settings.runner_stale_after_s,
     )
 
 

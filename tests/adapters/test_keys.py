@@ -6,14 +6,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, select
 
 from conductor.errors import InvalidRequest
-from conductor_adapters.store.db import make_engine, upgrade
+from conductor_adapters.store.db import upgrade
 from conductor_adapters.store.keys import (
     any_key_exists,
     authenticate,
@@ -22,14 +21,6 @@ from conductor_adapters.store.keys import (
     revoke_key,
 )
 from conductor_adapters.store.models import api_key_table
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    upgrade(database_url)
-    engine = make_engine(database_url)
-    yield engine
-    engine.dispose()
 
 
 def test_a_key_authenticates_as_its_tenant_and_is_stored_only_as_a_hash(engine: Engine) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,14 +40,6 @@ from conductor_adapters.store.models import metadata, step_table, workflow_table
 from conductor_adapters.store.traces import TraceStore
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture
-def engine(database_url: str) -> Iterator[Engine]:
-    upgrade(database_url)
-    engine = make_engine(database_url)
-    yield engine
-    engine.dispose()
 
 
 def outcome(round_: int = 0, valid: bool = True) -> PlanOutcome:
@@ -199,7 +191,12 @@ def test_migrated_schema_matches_models(database_url: str) -> None:
     assert [(fk["name"], fk["options"].get("ondelete")) for fk in fks] == [
         ("fk_attempt_step_id_step", "CASCADE")
     ]
-    assert indexes == {"ix_workflow_tenant", "ix_workflow_status", "ix_workflow_created_at"}
+    assert indexes == {
+        "ix_workflow_tenant",
+        "ix_workflow_status",
+        "ix_workflow_created_at",
+        "ix_workflow_runner_id",
+    }
 
 
 def test_upgrade_is_idempotent(database_url: str) -> None:
@@ -222,7 +219,7 @@ def test_upgrade_is_idempotent(database_url: str) -> None:
     finally:
         engine.dispose()
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert list(versions) == [head] == ["0005"]
+    assert list(versions) == [head] == ["0006"]
     assert count == 1
 
 
@@ -241,6 +238,7 @@ async def test_deleting_a_workflow_cascades_to_steps_and_attempts(engine: Engine
         "workflow_run": [],
         "workflow_event": [],
         "api_key": [],
+        "runner": [],
     }
 
 

@@ -8,11 +8,13 @@ check with everything), the workers answer according to the subtask they were gi
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -205,6 +207,76 @@ def test_serve_answers_openly_until_a_key_exists_then_only_with_keys(
     assert serve.process is not None
     assert serve.process.returncode == 0, serve.tail()
     assert "conductor serve: stopped" in serve.tail()
+
+
+def _events(url: str, workflow_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """The workflow's event stream, read to its end: (event, data) pairs."""
+    events: list[tuple[str, dict[str, Any]]] = []
+    kind = ""
+    with (
+        httpx.Client(base_url=url, timeout=30) as http,
+        http.stream("GET", f"/v1/workflows/{workflow_id}/events") as response,
+    ):
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                kind = line.removeprefix("event: ")
+            elif line.startswith("data: "):
+                events.append((kind, json.loads(line.removeprefix("data: "))))
+    return events
+
+
+def test_jobs_of_a_killed_serve_end_failed_with_the_reason_after_a_restart(
+    tmp_path: Path, fakes: Fakes
+) -> None:
+    # Given `conductor serve` with 5 jobs whose workers take 60 s
+    env = {
+        "CONDUCTOR_DATABASE_URL": f"sqlite:///{tmp_path / 'conductor.db'}",
+        "CONDUCTOR_RUNNER_HEARTBEAT_S": "0.5",
+        "CONDUCTOR_RUNNER_STALE_AFTER_S": "3",
+        **_model_env(fakes, tmp_path),
+    }
+    fakes.workers.latency_s = 60.0
+    serve = _start("serve", tmp_path / "serve.log", env)
+    try:
+        url, _ = _addresses(serve)
+        with httpx.Client(base_url=url, timeout=30) as http:
+            ids = [
+                http.post("/v1/workflows", json={"question": f"job {n}"}).json()["id"]
+                for n in range(5)
+            ]
+        deadline = time.monotonic() + 30
+        while fakes.workers.in_flight < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert fakes.workers.in_flight >= 5, serve.tail()
+
+        # When it is killed, and started again on the same database
+        serve.kill()
+        killed = time.monotonic()
+        restarted = _start("serve", tmp_path / "restarted.log", env)
+    finally:
+        fakes.workers.latency_s = 0.0
+        serve.kill()
+    try:
+        url, _ = _addresses(restarted)
+        streams = [_events(url, workflow_id) for workflow_id in ids]  # each ends, or times out
+        ended_within_s = time.monotonic() - killed
+        with httpx.Client(base_url=url, timeout=30) as http:
+            jobs = [http.get(f"/v1/workflows/{workflow_id}").json() for workflow_id in ids]
+    finally:
+        restarted.stop()
+
+    # Then every job ended failed, with the reason, in its record and its event stream
+    assert ended_within_s < 60
+    assert [job["status"] for job in jobs] == ["failed"] * 5
+    assert all("server running this workflow stopped" in job["error"] for job in jobs)
+    assert all(step["status"] != "running" for job in jobs for step in job["steps"])
+    for events in streams:
+        kinds = [kind for kind, _ in events]
+        assert kinds[-1] == "failed", kinds
+        assert kinds.count("failed") == 1
+        assert "server running this workflow stopped" in events[-1][1]["data"]["error"]
+    assert [e[1]["sequence"] for e in streams[0]] == list(range(1, len(streams[0]) + 1))
 
 
 def test_serve_on_all_addresses_without_a_key_is_refused(tmp_path: Path) -> None:

@@ -16,6 +16,15 @@ from conductor.pool import Pool
 from conductor.ports import StepCallResult, StepRunner
 from conductor.variants import Variant
 from conductor.workflow import WorkflowRecord
+from conductor_adapters.store.runners import (
+    HEARTBEAT_S,
+    STALE_AFTER_S,
+    beat,
+    fail_orphans,
+    new_runner_id,
+    register_runner,
+    unregister_runner,
+)
 from conductor_adapters.store.runs import SubmitRequest, record_workflow
 from conductor_api.service import EventSignals, WorkflowService
 
@@ -45,12 +54,33 @@ class EmbeddedWorkflows(WorkflowService):
         pool: Pool,
         variants: Mapping[str, Variant],
         default_variant: str,
+        *,
+        heartbeat_s: float = HEARTBEAT_S,
+        stale_after_s: float = STALE_AFTER_S,
     ) -> None:
         super().__init__(engine, pool, variants, default_variant)
+        self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.executor = executor
         self.gateway = gateway
         executor.observers.append(SignalObserver(self.signals))
         self._running: set[asyncio.Task[WorkflowRecord]] = set()
+        self.runner_id = new_runner_id()
+        self._heartbeat: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Register as a runner, fail what dead runners left running, and beat from now on."""
+        await asyncio.to_thread(register_runner, self.engine, self.runner_id, utcnow())
+        await asyncio.to_thread(fail_orphans, self.engine, utcnow(), self.stale_after_s)
+        self._heartbeat = asyncio.create_task(self._beat(), name="runner-heartbeat")
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_s)
+            try:
+                await asyncio.to_thread(beat, self.engine, self.runner_id, utcnow())
+                await asyncio.to_thread(fail_orphans, self.engine, utcnow(), self.stale_after_s)
+            except Exception as exc:  # the database is down: beat again later
+                logger.warning("runner heartbeat failed: %s: %s", type(exc).__name__, exc)
 
     @property
     def worker_names(self) -> list[str]:
@@ -62,7 +92,7 @@ class EmbeddedWorkflows(WorkflowService):
 
         def record() -> None:
             with self.engine.begin() as conn:
-                record_workflow(conn, request, workflow_id, now)
+                record_workflow(conn, request, workflow_id, now, runner_id=self.runner_id)
 
         await asyncio.to_thread(record)
         task = asyncio.create_task(
@@ -112,3 +142,10 @@ class EmbeddedWorkflows(WorkflowService):
         for task in list(self._running):
             task.cancel()
         await asyncio.gather(*self._running, return_exceptions=True)
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            await asyncio.gather(self._heartbeat, return_exceptions=True)
+            try:
+                await asyncio.to_thread(unregister_runner, self.engine, self.runner_id)
+            except Exception as exc:  # it will be forgotten once stale
+                logger.warning("cannot unregister runner %s: %s", self.runner_id, exc)

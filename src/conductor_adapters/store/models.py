@@ -93,6 +93,9 @@ class WorkflowRow(DbModel, table=True):
 
     id: uuid.UUID = Field(default_factory=uuid.uuid4, primary_key=True)
     tenant: str = Field(default="default", index=True)
+    # The embedded runner (a ``conductor serve`` process) running it; NULL in distributed mode,
+    # where the aggregators share the work through ``workflow_run``.
+    runner_id: str | None = Field(default=None, max_length=64, index=True)
     variant: str
     question: str = Field(sa_type=SafeText)
     status: str = Field(index=True)
@@ -213,6 +216,17 @@ class WorkflowEventRow(DbModel, table=True):
     )
 
 
+class RunnerRow(DbModel, table=True):
+    """A live embedded runtime: it beats every few seconds; one whose beat stopped has died,
+    and the workflows it ran are failed with a reason."""
+
+    __tablename__ = "runner"
+
+    id: str = Field(primary_key=True, max_length=64)
+    started_at: datetime = Field(sa_type=UTCDateTime())
+    heartbeat_at: datetime = Field(sa_type=UTCDateTime())
+
+
 class ApiKeyRow(DbModel, table=True):
     """An API key: its public id and the SHA-256 of its secret, never the secret itself."""
 
@@ -234,3 +248,4 @@ attempt_table: Table = metadata.tables["attempt"]
 run_table: Table = metadata.tables["workflow_run"]
 event_table: Table = metadata.tables["workflow_event"]
 api_key_table: Table = metadata.tables["api_key"]
+runner_table: Table = metadata.tables["runner"]

@@ -69,9 +69,15 @@ def submit_workflow(
 
 
 def record_workflow(
-    conn: Connection, request: SubmitRequest, workflow_id: uuid.UUID, now: datetime
+    conn: Connection,
+    request: SubmitRequest,
+    workflow_id: uuid.UUID,
+    now: datetime,
+    *,
+    runner_id: str | None = None,
 ) -> None:
-    """The workflow's trace row, "queued", with its tenant and labels (both modes)."""
+    """The workflow's trace row, "queued", with its tenant and labels (both modes); in the
+    embedded runtime, with the runner that runs it."""
     with Session(bind=conn) as session:
         session.add(
             WorkflowRow(
@@ -81,6 +87,7 @@ def record_workflow(
                 question=request.question,
                 status=WorkflowStatus.QUEUED.value,
                 labels=request.metadata,
+                runner_id=runner_id,
                 created_at=now,
             )
         )
