@@ -121,13 +121,22 @@ class DeadlinesPassed:
 
 
 @dataclass(frozen=True)
+class MessagesLost:
+    """The queue lost its messages (a broker restarted without them): every step and plan
+    request in flight is sent again now, not at its deadline. A reply that does arrive after
+    all still counts once: a step's first answer wins."""
+
+
+@dataclass(frozen=True)
 class Aborted:
     """The workflow ends without an answer (cancelled, timed out in its driver, or refused)."""
 
     reason: str
 
 
-Fact = PlanReady | PlanFailed | StepSucceeded | StepFailed | DeadlinesPassed | Aborted
+Fact = (
+    PlanReady | PlanFailed | StepSucceeded | StepFailed | DeadlinesPassed | MessagesLost | Aborted
+)
 
 
 class Dispatch(BaseModel):
@@ -224,6 +233,8 @@ class WorkflowMachine:
                 return self._step_failed(index, error, list(attempts))
             case DeadlinesPassed(now=now):
                 return self._deadlines_passed(now)
+            case MessagesLost():
+                return self._messages_lost()
             case Aborted(reason=reason):
                 return self._fail(reason)
 
@@ -405,6 +416,18 @@ class WorkflowMachine:
                     [],
                 )
         return changed
+
+    def _messages_lost(self) -> bool:
+        state = self.state
+        if state.finished:
+            return False
+        before = (state.resend_plan, list(state.resend_steps))
+        if state.planning_round is not None:
+            state.resend_plan = True
+        for step in self._running_workers():
+            if step.index not in state.resend_steps:
+                state.resend_steps.append(step.index)
+        return (state.resend_plan, state.resend_steps) != before
 
     def _sent_at(self, step: StepRecord) -> datetime:
         """When a running step was last sent (every dispatch records it)."""

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+import redis
 from celery import Celery
 
 from conductor.errors import ConfigurationError
@@ -100,3 +101,35 @@ class OnFirstUse(Generic[T]):
         with self._lock:
             value, self._value = self._value, None
             return value
+
+
+class RedisBrokerWatch:
+    """Tells when the Redis behind the broker lost its data (restarted without persistence):
+    the queued messages went with it, so what was in flight must be sent again.
+
+    A marker key is written in that Redis; finding it gone means the data was lost (or that
+    this is the first look ever, when nothing is in flight). The first process to write the
+    marker again is told, the others are not, so one aggregator replica does the resending.
+    """
+
+    def __init__(self, broker_url: str, prefix: str) -> None:
+        self._client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
+        self._marker = f"{prefix}broker-alive"
+
+    def lost_data(self) -> bool:
+        """True once per loss (to one caller); False also while Redis cannot be reached."""
+        try:
+            return bool(self._client.set(self._marker, "1", nx=True))
+        except (redis.RedisError, OSError):
+            return False
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def broker_watch(settings: BrokerSettings) -> RedisBrokerWatch | None:
+    """The watch for a Redis broker; None for RabbitMQ, whose queues are durable."""
+    url = settings.broker_url or ""
+    if not url.startswith(("redis://", "rediss://")):
+        return None
+    return RedisBrokerWatch(url, settings.redis_prefix)

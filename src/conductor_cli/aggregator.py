@@ -32,6 +32,7 @@ def aggregator(
     from conductor_adapters.settings import get_settings
     from conductor_aggregator.celery_app import Sweeper, shutdown
     from conductor_aggregator.settings import AggregatorSettings
+    from conductor_cli.celery_worker import run_worker
     from conductor_cli.wiring import aggregator_celery
 
     settings = AggregatorSettings.load()
@@ -58,7 +59,9 @@ def aggregator(
     worker_ready.connect(announce, weak=False)
     worker_shutdown.connect(lambda **_: sweeper.stop(), weak=False)
     try:
-        app.worker_main(argv)
+        code = run_worker(app, argv)
     finally:
         sweeper.stop()
         shutdown(app)
+    if code:
+        raise typer.Exit(code)

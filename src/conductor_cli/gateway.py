@@ -31,6 +31,7 @@ def gateway(
 
     from conductor.messaging import queue_for
     from conductor_adapters.settings import get_settings, load_pool
+    from conductor_cli.celery_worker import run_worker
     from conductor_cli.wiring import gateway_celery
     from conductor_gateway.celery_app import shutdown
     from conductor_gateway.settings import GatewaySettings
@@ -57,6 +58,8 @@ def gateway(
 
     worker_ready.connect(announce, weak=False)
     try:
-        app.worker_main(argv)
+        code = run_worker(app, argv)
     finally:
         shutdown(app)
+    if code:
+        raise typer.Exit(code)

@@ -9,6 +9,7 @@ messages they hold; the planner drains) and SIGKILL to any process still there a
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -21,7 +22,11 @@ from typing import IO, Self
 
 from conductor.errors import ProcessStartError
 
+logger = logging.getLogger(__name__)
+
 ENTRY = "from conductor_cli import main; main()"
+# Restarts of one process within a minute before the stack gives up on it.
+MAX_RESTARTS = 5
 # Where `conductor stack` and `conductor ask --distributed` look when nothing else is set.
 LOCAL_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/conductor"
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
@@ -60,6 +65,8 @@ class ServiceProcess:
     log_path: Path
     env: Mapping[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
+    restarted_at: list[float] = field(default_factory=list)  # monotonic times
+    stopped: bool = False  # by stop(): not to be started again by a supervisor
     _log: IO[bytes] | None = None
 
     @property
@@ -71,6 +78,8 @@ class ServiceProcess:
         return self.process is not None and self.process.poll() is None
 
     def start(self, ready_timeout_s: float = 120.0) -> Self:
+        self.stopped = False
+        self._close_log()  # the handle of a run that exited on its own
         self._log = self.log_path.open("ab")
         offset = self.log_path.stat().st_size
         self.process = subprocess.Popen(
@@ -83,7 +92,7 @@ class ServiceProcess:
         deadline = time.monotonic() + ready_timeout_s
         while READY_LINES[self.role] not in self._log_bytes(offset):
             if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
+                self._terminate()  # not stop(): a supervisor may try it again
                 raise ProcessStartError(
                     f"{self.name} did not start; the end of its log:\n{self.tail()}"
                 )
@@ -106,6 +115,10 @@ class ServiceProcess:
         self._close_log()
 
     def stop(self, grace_s: float = 30.0) -> None:
+        self.stopped = True
+        self._terminate(grace_s)
+
+    def _terminate(self, grace_s: float = 30.0) -> None:
         if self.process is not None and self.running:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -169,6 +182,34 @@ class LocalStack:
     def stop(self) -> None:
         for process in reversed(self.processes):
             process.stop()
+
+    def restart_exited(self) -> list[str]:
+        """Start again each process that exited on its own, as a supervisor would (a role exits
+        non-zero on an unrecoverable error, e.g. Redis restarting under the Celery consumer).
+        Returns the names started again; a process that exited ``MAX_RESTARTS`` times within a
+        minute raises ProcessStartError: it cannot run here, and retrying hides why."""
+        restarted = []
+        now = time.monotonic()
+        for process in self.processes:
+            if process.process is None or process.running or process.stopped:
+                continue
+            process.restarted_at = [t for t in process.restarted_at if now - t < 60]
+            if len(process.restarted_at) >= MAX_RESTARTS:
+                raise ProcessStartError(
+                    f"{process.name} exited {MAX_RESTARTS} times within a minute; the end of "
+                    f"its log:\n{process.tail()}"
+                )
+            process.restarted_at.append(now)
+            logger.warning(
+                "%s exited (status %s); starting it again", process.name, process.process.poll()
+            )
+            try:
+                process.start()
+            except ProcessStartError as exc:
+                logger.warning("%s", exc)  # tried again on the next call
+            else:
+                restarted.append(process.name)
+        return restarted
 
     def add_gateway(self) -> ServiceProcess:
         """Start one more gateway (scaling out, or replacing a dead one)."""

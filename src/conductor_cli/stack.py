@@ -24,8 +24,10 @@ def stack(
     postgresql+psycopg://postgres@127.0.0.1:5432/conductor (created and migrated if needed);
     set CONDUCTOR_BROKER_URL, CONDUCTOR_REDIS_URL or CONDUCTOR_DATABASE_URL to use others.
     Submit work with `conductor ask --distributed "QUESTION"`. Ctrl-C (or SIGTERM) stops every
-    process cleanly; a process that dies stops the stack with the end of its log.
+    process cleanly. A process that exits is started again; one that exits 5 times within a
+    minute stops the stack with the end of its log.
     """
+    from conductor.errors import ProcessStartError
     from conductor_adapters.settings import default_data_dir
     from conductor_adapters.store.db import ensure_database, redact_url, upgrade
     from conductor_cli.local_stack import LocalStack, engine_threads, local_stack_env
@@ -57,14 +59,17 @@ def stack(
         f'database {redact_url(database)}. Try: conductor ask --distributed "What is 17 * 23?"',
         err=True,
     )
-    dead = None
+    failure = None
     while not stop.wait(1.0):
-        dead = next((p for p in local.processes if not p.running), None)
-        if dead is not None:
+        try:
+            for name in local.restart_exited():
+                typer.echo(f"conductor stack: {name} exited and was started again", err=True)
+        except ProcessStartError as exc:
+            failure = exc
             break
     local.stop()
-    if dead is not None:
-        typer.echo(f"conductor stack: {dead.name} exited; its log ends:\n{dead.tail()}", err=True)
+    if failure is not None:
+        typer.echo(f"conductor stack: {failure}", err=True)
         raise typer.Exit(1)
     typer.echo("conductor stack: stopped", err=True)
 

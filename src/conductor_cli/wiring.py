@@ -188,6 +188,7 @@ def build_aggregator(
     import redis
 
     from conductor_adapters.loop_thread import LoopThread
+    from conductor_adapters.queue import broker_watch
     from conductor_adapters.rpc.planner_client import GrpcPlanner
     from conductor_adapters.store.db import check_schema, wait_for_database
     from conductor_adapters.store.traces import TraceWrites
@@ -210,6 +211,7 @@ def build_aggregator(
         redis_client=redis.Redis.from_url(aggregator_settings.redis_url),
         redis_prefix=aggregator_settings.redis_prefix,
         planner_timeout_s=timeout_s,
+        broker_watch=broker_watch(aggregator_settings),
     )
 
 

@@ -18,6 +18,7 @@ from conductor.machine import (
     Dispatch,
     EventKind,
     Fact,
+    MessagesLost,
     PlanFailed,
     PlanReady,
     RequestPlan,
@@ -831,6 +832,37 @@ def test_deadlines_passed_before_any_deadline_changes_nothing() -> None:
     assert snapshot(machine) == before
     assert machine.advance() == []
     assert machine.take_events() == []
+
+
+def test_lost_messages_send_every_step_and_plan_request_in_flight_again_at_once() -> None:
+    machine, _ = planned(TIMED, step(ALPHA, "a"), step(BETA, "b"), step(ALPHA, "c", 0))
+    succeed(machine, 1, "B")
+
+    applied = machine.apply(MessagesLost())
+    again = machine.advance()
+    twice = machine.apply(MessagesLost())
+
+    # step 0 is in flight (sent again, counted), step 1 answered, step 2 never sent
+    assert applied is True
+    assert [(a.step, a.dispatch) for a in again if isinstance(a, Dispatch)] == [(0, 2)]
+    assert twice is True  # still in flight: a second loss sends it once more
+    assert [(a.step, a.dispatch) for a in machine.advance() if isinstance(a, Dispatch)] == [(0, 3)]
+    # its answer, when it comes, counts once
+    succeed(machine, 0, "A")
+    assert machine.apply(StepSucceeded(0, answer("A again"))) is False
+
+
+def test_lost_messages_ask_for_a_pending_plan_again() -> None:
+    machine = start(TIMED)
+    requested(machine.advance())
+
+    assert machine.apply(MessagesLost()) is True
+    [again] = machine.advance()
+    assert isinstance(again, RequestPlan)
+    assert (again.round, machine.state.plan_requests) == (0, 2)
+    finished, _ = planned(TIMED, step(ALPHA, "a"))
+    succeed(finished, 0, "A")
+    assert finished.apply(MessagesLost()) is False
 
 
 def test_a_step_past_its_deadline_is_sent_again_once_by_the_next_advance(clock: Clock) -> None:

@@ -31,6 +31,7 @@ from conductor.machine import (
     Dispatch,
     Fact,
     MachineEvent,
+    MessagesLost,
     PlanFailed,
     PlanReady,
     StepFailed,
@@ -52,8 +53,10 @@ from conductor.pool import Pool
 from conductor.ports import Planner
 from conductor.workflow import PoolEntry
 from conductor_adapters.loop_thread import LoopThread
+from conductor_adapters.queue import RedisBrokerWatch
 from conductor_adapters.store.runs import (
     RunRow,
+    active_runs,
     due_runs,
     lock_run,
     postpone_start,
@@ -86,6 +89,7 @@ class Aggregator:
         redis_client: redis.Redis | None = None,
         redis_prefix: str = "conductor:",
         planner_timeout_s: float = 300.0,
+        broker_watch: RedisBrokerWatch | None = None,
     ) -> None:
         if engine.dialect.name != "postgresql":
             raise ConfigurationError(
@@ -101,6 +105,7 @@ class Aggregator:
         self.redis = redis_client
         self.redis_prefix = redis_prefix
         self.planner_timeout_s = planner_timeout_s
+        self.broker_watch = broker_watch
 
     def close(self) -> None:
         aclose = getattr(self.planner, "aclose", None)
@@ -109,6 +114,8 @@ class Aggregator:
         self.loop.stop()
         if self.redis is not None:
             self.redis.close()
+        if self.broker_watch is not None:
+            self.broker_watch.close()
         self.engine.dispose()
 
     # -- message handlers -------------------------------------------------------------------
@@ -171,8 +178,11 @@ class Aggregator:
         self._apply(uuid.UUID(context.workflow_id), fact)
 
     def sweep(self, now: datetime | None = None) -> int:
-        """Act on every run whose deadline has passed; returns how many were looked at."""
+        """Act on every run whose deadline has passed, and on every active run when the broker
+        lost its messages; returns how many were looked at."""
         now = now or utcnow()
+        if self.broker_watch is not None and self.broker_watch.lost_data():
+            return self.resend_lost(now)
         with self.engine.connect() as conn:
             due = due_runs(conn, now)
 
@@ -188,6 +198,28 @@ class Aggregator:
         for workflow_id in due:
             self._change(workflow_id, expire)
         return len(due)
+
+    def resend_lost(self, now: datetime | None = None) -> int:
+        """The broker lost its messages: start again each queued workflow and send again what
+        every running one has in flight, at once rather than at their deadlines (600 s by
+        default). Replies that arrive after all count once. Returns how many were looked at."""
+        now = now or utcnow()
+        with self.engine.connect() as conn:
+            active = active_runs(conn)
+        if active:
+            logger.warning("the broker lost its messages; resending for %d workflows", len(active))
+
+        def resend(conn: Connection, run: RunRow) -> WorkflowMachine | None:
+            if run.state is None:
+                send_start(self.app, run.workflow_id)
+                postpone_start(conn, run.workflow_id, now)
+                return None
+            machine = WorkflowMachine(run.state)
+            return machine if machine.apply(MessagesLost()) else None
+
+        for workflow_id in active:
+            self._change(workflow_id, resend)
+        return len(active)
 
     # -- one transaction per message --------------------------------------------------------
 

@@ -168,6 +168,13 @@ def postpone_start(conn: Connection, workflow_id: uuid.UUID, now: datetime) -> N
     )
 
 
+def active_runs(conn: Connection) -> list[uuid.UUID]:
+    """Every workflow queued or running."""
+    active = [WorkflowStatus.QUEUED.value, WorkflowStatus.RUNNING.value]
+    query = select(run_table.c.workflow_id).where(run_table.c.status.in_(active))
+    return list(conn.execute(query).scalars())
+
+
 def due_runs(conn: Connection, now: datetime, limit: int = 100) -> list[uuid.UUID]:
     """Unfinished runs whose next deadline has passed, earliest first."""
     query = (
