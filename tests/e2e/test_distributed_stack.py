@@ -8,8 +8,6 @@ list form, the workers echo.
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import threading
 import time
 import uuid
@@ -29,6 +27,7 @@ from conductor_adapters.store.db import make_engine, upgrade
 from conductor_adapters.store.runs import SubmitRequest, submit_workflow
 from conductor_cli.local_stack import LocalStack
 
+from fakes.brokers import private_redis_server
 from fakes.http_server import free_port
 from fakes.openai_server import FakeOpenAIServer
 
@@ -393,25 +392,6 @@ def test_a_gateway_killed_on_the_redis_broker_has_its_calls_back_after_the_visib
     engine.dispose()
 
 
-def _redis_server(port: int) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    _wait_for(lambda: _answers(port), f"redis-server on port {port}", timeout_s=20)
-    return process
-
-
-def _answers(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("broker", ["rabbitmq", "redis"])
 def test_redis_restarted_mid_run_loses_nothing(
     tmp_path: Path,
@@ -425,7 +405,7 @@ def test_redis_restarted_mid_run_loses_nothing(
     # and a supervisor that starts again any process that exits
     fakes[1].latency_s = 1.0
     port = free_port()
-    redis_process = _redis_server(port)
+    redis_process = private_redis_server(port)
     own_redis = f"redis://127.0.0.1:{port}/0"
     broker_url = amqp_url if broker == "rabbitmq" else own_redis
     stack = _stack(
@@ -450,7 +430,7 @@ def test_redis_restarted_mid_run_loses_nothing(
         servers[-1].kill()
         servers[-1].wait(timeout=10)
         time.sleep(2.0)
-        servers.append(_redis_server(port))
+        servers.append(private_redis_server(port))
 
     supervisor = threading.Thread(target=supervise, daemon=True)
     supervisor.start()

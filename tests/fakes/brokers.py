@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -93,3 +95,29 @@ def amqp_url() -> Iterator[str]:
 def _rabbitmqctl(ctl: str, *args: str) -> bool:
     done = subprocess.run([ctl, "-q", *args], capture_output=True, text=True, timeout=60)
     return done.returncode == 0
+
+
+def private_redis_server(port: int) -> subprocess.Popen[bytes]:
+    """A Redis of the test's own on ``port``, without persistence: killed and started again, it
+    comes back empty, as a restarted Redis without a volume does. The caller stops it."""
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 20
+    while not _answers_ping(port):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"redis-server on port {port} did not start (is it installed?)")
+        time.sleep(0.05)
+    return process
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False

@@ -3,18 +3,24 @@ fallbacks and cost, every attempt recorded. Real HTTP on loopback; only the prov
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
 import pytest
+import redis.asyncio as aioredis
 
 from conductor.chat import ChatMessage
 from conductor.errors import StepCallFailed
 from conductor.pool import Pool, Price, Provider, Quotas, WorkerSpec
 from conductor_gateway.gateway import WorkerGateway
+from conductor_gateway.quotas import QuotaConfig
+from conductor_gateway.quotas_redis import RedisQuotas
 from conductor_gateway.registry import build_workers
 from conductor_gateway.retry import RetryPolicy
 
+from fakes.brokers import private_redis_server
+from fakes.http_server import free_port
 from fakes.openai_server import FakeOpenAIServer, completion, error, streamed
 
 MESSAGES = [ChatMessage(role="user", content="What is 2 + 2?")]
@@ -249,3 +255,39 @@ async def test_over_quota_calls_wait_for_room_and_all_complete(
     assert len(results) == 7
     assert all(sum(1 for u in times if t <= u < t + 0.5) <= 3 for t in times)
     assert max(a.quota_wait_ms for r in results for a in r.attempts) > 0
+
+
+@pytest.mark.processes
+async def test_an_answer_is_kept_when_redis_dies_before_its_quota_is_settled(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    # Given a worker under Redis-kept quotas, on a Redis of the test's own, and a provider that
+    # answers after half a second
+    port = free_port()
+    server = private_redis_server(port)
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{port}/0", socket_connect_timeout=1)
+    spec = _spec("primary", fake_openai.base_url, quotas=Quotas(max_concurrency=2, rpm=100))
+    pool = Pool(workers=(spec,))
+    gateway = WorkerGateway(
+        pool,
+        build_workers(pool),
+        quotas=RedisQuotas(client, prefix="answer-kept:", config=QuotaConfig(lease_s=3)),
+        policy=RetryPolicy(),
+    )
+    fake_openai.enqueue(completion("4", delay_s=0.5))
+    try:
+        # When Redis dies while the provider is answering
+        call = asyncio.create_task(gateway.call("primary", MESSAGES))
+        await asyncio.sleep(0.2)
+        server.kill()
+        server.wait()
+        result = await asyncio.wait_for(call, timeout=20)
+    finally:
+        server.kill()
+        await gateway.aclose()
+        await client.aclose()
+
+    # Then the answer paid for comes back (raising would have the call made again)
+    assert result.text == "4"
+    assert [a.status for a in result.attempts] == ["ok"]
+    assert len(fake_openai.chat_requests) == 1

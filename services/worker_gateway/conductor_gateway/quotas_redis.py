@@ -192,6 +192,11 @@ class _RedisLease:
             while not renewer.done():
                 renewer.cancel()
                 await asyncio.wait({renewer}, timeout=0.05)
-        await self.store._settle(
-            keys=self.keys, args=[self.lease_id, -1 if tokens is None else tokens]
-        )
+        try:
+            await self.store._settle(
+                keys=self.keys, args=[self.lease_id, -1 if tokens is None else tokens]
+            )
+        except (aioredis.RedisError, OSError) as exc:
+            # Raising would throw away an answer already paid for, and the call would be made
+            # again. Unsettled, the slot frees when the lease lapses and the estimate stands.
+            logger.warning("could not settle quota lease %s: %s", self.lease_id, exc)
