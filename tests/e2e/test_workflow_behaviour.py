@@ -12,7 +12,7 @@ import itertools
 import json
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 import jsonschema
@@ -24,12 +24,14 @@ from conductor.chat import ChatMessage
 from conductor.errors import ProviderUnavailable
 from conductor.executor import WorkflowExecutor
 from conductor.pool import Pool, Price
-from conductor.ports import PlanFormat, PlannerBackend
+from conductor.ports import ChatWorker, PlanFormat, PlannerBackend
 from conductor.variants import BUILTIN_VARIANTS, Variant
 from conductor.workflow import StepKind, StepStatus, WorkflowRecord, WorkflowStatus
+from conductor_gateway.registry import build_workers
 from conductor_planner import ConductorPlanner
 
 from fakes.distributed import DistributedStack, distributed_stack
+from fakes.openai_server import FakeOpenAIServer, completion, error, openai_compatible_spec
 from fakes.scripted import ScriptedBackend, ScriptedWorker, lists, named_pool, scripted_gateway
 
 ULTRA = BUILTIN_VARIANTS["conductor-ultra"]
@@ -44,7 +46,13 @@ class Runtime(Protocol):
     async def run(self, question: str, variant: Variant) -> WorkflowRecord: ...
 
 
-Make = Callable[[PlannerBackend, Pool, Sequence[ScriptedWorker]], Runtime]
+# Workers by name, or scripted workers (named by their own name).
+Workers = Sequence[ScriptedWorker] | Mapping[str, ChatWorker]
+Make = Callable[[PlannerBackend, Pool, Workers], Runtime]
+
+
+def _by_name(workers: Workers) -> Mapping[str, ChatWorker]:
+    return workers if isinstance(workers, Mapping) else {w.name: w for w in workers}
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +75,12 @@ def make_runtime(request: pytest.FixtureRequest) -> Make:
         return lambda backend, pool, workers: WorkflowExecutor(
             planner=ConductorPlanner(backend),
             pool=pool,
-            gateway=scripted_gateway(pool, {w.name: w for w in workers}),
+            gateway=scripted_gateway(pool, _by_name(workers)),
         )
     stack: DistributedStack = request.getfixturevalue("stack")
 
-    def make(backend: PlannerBackend, pool: Pool, workers: Sequence[ScriptedWorker]) -> Runtime:
-        stack.configure(backend, pool, {w.name: w for w in workers})
+    def make(backend: PlannerBackend, pool: Pool, workers: Workers) -> Runtime:
+        stack.configure(backend, pool, _by_name(workers))
         return stack
 
     return make
@@ -289,6 +297,52 @@ async def test_a_failing_step_fails_the_workflow_with_its_reason(make_runtime: M
     # the gateway hears that the workflow ended).
     assert await asyncio.to_thread(workers[1].cancellation.wait, 2)
     assert 0 < workers[1].calls[0].cancelled - started < 2
+
+
+async def test_a_step_refused_by_its_provider_cancels_the_slow_siblings_http_call(
+    make_runtime: Make,
+) -> None:
+    # Given a parallel plan on two OpenAI-compatible providers: alpha's refuses the call at once
+    # (HTTP 400, not retried), beta's takes 20 s to answer
+    refusing, slow = FakeOpenAIServer(), FakeOpenAIServer()
+    refusing.enqueue(error(400, "'messages' is malformed"))
+    slow.enqueue(completion("late", delay_s=20))
+    refusing.start()
+    slow.start()
+    pool = Pool(
+        workers=(
+            openai_compatible_spec("alpha", refusing.base_url),
+            openai_compatible_spec("beta", slow.base_url),
+        )
+    )
+    workers = build_workers(pool)
+    try:
+        plan = lists([0, 1], ["a", "b"], [[], []])
+        runtime = make_runtime(ScriptedBackend(outputs=[plan]), pool, workers)
+
+        # When the workflow runs
+        started = time.time()
+        result = await runtime.run("q", ULTRA)
+        returned_after_s = time.time() - started
+
+        # Then it fails within 2 s with alpha's reason...
+        assert result.status is WorkflowStatus.FAILED
+        assert result.error is not None
+        assert "400" in result.error
+        assert returned_after_s < 2
+        # ...and beta's provider sees its request given up within 2 s, not awaited and billed
+        for _ in range(40):  # the server notices the closed connection within 50 ms
+            if slow.abandoned:
+                break
+            await asyncio.sleep(0.05)
+        assert len(slow.requests) == 1
+        assert [request for request, _ in slow.abandoned] == slow.requests
+        assert slow.abandoned[0][1] - started < 2
+    finally:
+        for worker in workers.values():
+            await worker.aclose()
+        refusing.stop()
+        slow.stop()
 
 
 async def test_usage_and_cost_count_every_step_and_the_conductor(make_runtime: Make) -> None:

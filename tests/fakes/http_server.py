@@ -67,6 +67,9 @@ class ScriptedServer:
 
     def __init__(self) -> None:
         self.requests: list[RecordedRequest] = []
+        # Requests whose client went away while the answer was delayed, with time.time() then:
+        # what a provider sees of a call cancelled mid-way.
+        self.abandoned: list[tuple[RecordedRequest, float]] = []
         self.port = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -94,6 +97,7 @@ class ScriptedServer:
         with self._lock:
             self._queue.clear()
             self.requests.clear()
+            self.abandoned.clear()
             self.max_in_flight = self.in_flight
 
     @property
@@ -132,7 +136,7 @@ class ScriptedServer:
         try:
             if scripted is None:
                 scripted = self.default_response(recorded)
-            await self._sleep(scripted.delay_s)
+            await self._delay(scripted.delay_s, request, recorded)
         finally:
             with self._lock:
                 self.in_flight -= 1
@@ -170,6 +174,17 @@ class ScriptedServer:
                 json.dumps({"requests": log, "max_in_flight": self.max_in_flight}),
                 media_type="application/json",
             )
+
+    async def _delay(self, seconds: float, request: Request, recorded: RecordedRequest) -> None:
+        """Wait before answering, watching the client: one that closes the connection meanwhile
+        is logged in ``abandoned`` and gets no answer."""
+        deadline = time.monotonic() + seconds
+        while (remaining := deadline - time.monotonic()) > 0 and not self._stopped.is_set():
+            if await request.is_disconnected():
+                with self._lock:
+                    self.abandoned.append((recorded, time.time()))
+                return
+            await self._sleep(min(0.05, remaining))
 
     async def _sleep(self, seconds: float) -> None:
         # Cut short by stop(), so shutdown never waits on a handler whose client already gave up.

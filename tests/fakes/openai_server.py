@@ -15,12 +15,30 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from conductor.pool import Price, Provider, WorkerSpec
+
 from fakes.http_server import RecordedRequest, ScriptedResponse, ScriptedServer
 
 Responder = Callable[[list[dict[str, Any]]], str]
 CHAT_PATH = "/v1/chat/completions"
 
 _ids = itertools.count(1)
+
+
+def openai_compatible_spec(name: str, base_url: str, **fields: Any) -> WorkerSpec:
+    """A pool entry for a worker served by a fake at ``base_url`` (model ``model-NAME``)."""
+    return WorkerSpec.model_validate(
+        {
+            "name": name,
+            "provider": Provider.OPENAI_COMPATIBLE,
+            "model": f"model-{name}",
+            "base_url": base_url,
+            "price": Price(input=1.0, cached_input=0.5, output=2.0),
+            "max_tokens": 32,
+            **fields,
+        }
+    )
+
 
 _ERROR_TYPES = {
     400: "invalid_request_error",

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 
 from conductor.chat import ChatMessage
 from conductor.errors import StepCallFailed
-from conductor.pool import Pool, Price, Provider, Quotas, WorkerSpec
+from conductor.pool import Pool, Price, Quotas, WorkerSpec
 from conductor_gateway.gateway import WorkerGateway
 from conductor_gateway.quotas import QuotaConfig
 from conductor_gateway.quotas_redis import RedisQuotas
@@ -21,24 +21,19 @@ from conductor_gateway.retry import RetryPolicy
 
 from fakes.brokers import private_redis_server
 from fakes.http_server import free_port
-from fakes.openai_server import FakeOpenAIServer, completion, error, streamed
+from fakes.openai_server import (
+    FakeOpenAIServer,
+    completion,
+    error,
+    openai_compatible_spec,
+    streamed,
+)
 
 MESSAGES = [ChatMessage(role="user", content="What is 2 + 2?")]
 PRICE = Price(input=1.0, cached_input=0.5, output=2.0)
 
 
-def _spec(name: str, base_url: str, **fields: object) -> WorkerSpec:
-    return WorkerSpec.model_validate(
-        {
-            "name": name,
-            "provider": Provider.OPENAI_COMPATIBLE,
-            "model": f"model-{name}",
-            "base_url": base_url,
-            "price": PRICE,
-            "max_tokens": 32,
-            **fields,
-        }
-    )
+_spec = openai_compatible_spec
 
 
 @pytest.fixture
