@@ -186,6 +186,37 @@ def test_every_message_delivered_twice_changes_nothing(engine: Engine, loop: Loo
     ]
 
 
+def test_an_answer_the_database_cannot_store_fails_the_workflow_once(
+    engine: Engine, loop: LoopThread
+) -> None:
+    # Given a workflow whose first step is answered with more tokens than a column holds (a
+    # provider's usage is untrusted; PostgreSQL's integer stops at 2**31 - 1)
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS])
+    workflow_id = _submit(engine)
+    aggregator.start(workflow_id)
+    [plan] = app.take(PLAN_ROUND_TASK)
+    aggregator.plan(uuid.UUID(plan[0]), plan[1])
+    [first] = app.take(CALL_WORKER_TASK)
+    reply = _answer(first)
+    assert reply.result is not None
+    huge = Usage(prompt_tokens=2**31, completion_tokens=1)
+    reply = reply.model_copy(update={"result": reply.result.model_copy(update={"usage": huge})})
+
+    # When it arrives, and is delivered again (as a retried message would be)
+    aggregator.step_result(reply)
+    aggregator.step_result(reply)
+
+    # Then the workflow failed with the reason, and the next step went out once at most
+    with engine.connect() as conn:
+        run = load_run(conn, workflow_id)
+    assert run is not None
+    assert run.state is not None
+    assert run.state.result.status is WorkflowStatus.FAILED
+    assert "the trace store refused this workflow's data" in (run.state.result.error or "")
+    assert "out of range" in (run.state.result.error or "")
+    assert len(app.take(CALL_WORKER_TASK)) <= 1
+
+
 def test_a_step_without_an_answer_is_sent_once_more_then_fails_the_workflow(
     engine: Engine, loop: LoopThread
 ) -> None:

@@ -41,7 +41,7 @@ from conductor_adapters.store.keys import create_key, revoke_key
 from fakes.api_server import LiveApi, scripted_service
 from fakes.scripted import ScriptedWorker
 
-# The coverage cases plus 25 to 60 generated requests per operation: tens of seconds.
+# The coverage cases plus 25 to 40 generated requests per operation: tens of seconds.
 pytestmark = [pytest.mark.slow]
 
 WORKERS = ("alpha", "beta")
@@ -327,7 +327,7 @@ def test_fuzz_with_a_key(
     api_schema: schemathesis.BaseSchema, target: Target, subtests: pytest.Subtests
 ) -> None:
     """A live key: no 5xx, every refusal an OpenAI error object, every stream ends."""
-    _fuzz_all(api_schema, target, _with_key, subtests, examples=60)
+    _fuzz_all(api_schema, target, _with_key, subtests, examples=40)
 
 
 # A refusal depends on the key alone, never reaching a workflow: one store is enough.

@@ -279,7 +279,7 @@ def tiny_training_run(
         "--group-size",
         "2",
         "--max-tokens",
-        "48",
+        "24",
         "--items",
         "4",
         "--out",

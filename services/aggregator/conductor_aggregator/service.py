@@ -22,6 +22,7 @@ from datetime import datetime
 import redis
 from celery import Celery
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DataError
 
 from conductor.errors import ConfigurationError, PlannerError
 from conductor.machine import (
@@ -234,7 +235,34 @@ class Aggregator:
 
         self._change(workflow_id, change)
 
-    def _change(self, workflow_id: uuid.UUID, change: Change) -> None:
+    def _change(
+        self, workflow_id: uuid.UUID, change: Change, *, abort_unstorable: bool = True
+    ) -> None:
+        try:
+            self._change_once(workflow_id, change)
+        except DataError as exc:
+            # The database refuses this data (a provider reporting more tokens than a column
+            # holds, say): every retry would fail alike and send again what the change sends.
+            # The workflow ends instead, with the reason.
+            if not abort_unstorable:
+                raise
+            first_line = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
+            reason = f"the trace store refused this workflow's data: {first_line or 'DataError'}"
+            logger.error("workflow %s: %s", workflow_id, reason)
+            self._change(
+                workflow_id,
+                lambda conn, run: self._aborted(run, reason),
+                abort_unstorable=False,
+            )
+
+    @staticmethod
+    def _aborted(run: RunRow, reason: str) -> WorkflowMachine | None:
+        if run.state is None:
+            return None
+        machine = WorkflowMachine(run.state)
+        return machine if machine.apply(Aborted(reason)) else None
+
+    def _change_once(self, workflow_id: uuid.UUID, change: Change) -> None:
         with self.engine.begin() as conn:
             run = lock_run(conn, workflow_id)
             if run is None:
