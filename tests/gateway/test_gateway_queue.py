@@ -5,24 +5,32 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
 from conductor.chat import ChatMessage
 from conductor.errors import StepCallFailed
-from conductor.pool import load_pool_file
+from conductor.messaging import CallReply, CallRequest
+from conductor.pool import Pool, load_pool_file
 from conductor_adapters.queue import new_celery_app
 from conductor_cli.local_stack import ServiceProcess
+from conductor_gateway.celery_app import GatewayProcess
 from conductor_gateway.client import QueuedStepRunner
+from conductor_gateway.registry import build_workers
 from conductor_gateway.settings import GatewaySettings
 
+from fakes.brokers import private_redis_server
 from fakes.gateway_process import start_gateway, write_pool_file
-from fakes.openai_server import FakeOpenAIServer, count_tokens
+from fakes.http_server import free_port
+from fakes.openai_server import FakeOpenAIServer, completion, count_tokens, openai_compatible_spec
 
 pytestmark = [pytest.mark.broker, pytest.mark.processes]
 
@@ -209,3 +217,52 @@ async def _until(condition: Any, timeout_s: float) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.05)
+
+
+def test_an_answer_received_while_redis_restarts_is_delivered_not_paid_again(
+    fake_provider: FakeOpenAIServer,
+) -> None:
+    # Given a gateway process whose replies go to a Redis of the test's own, and a provider
+    # that answers in one second
+    port = free_port()
+    servers = [private_redis_server(port)]
+    url = f"redis://127.0.0.1:{port}/0"
+    pool = Pool(workers=(openai_compatible_spec("primary", fake_provider.base_url),))
+    settings = GatewaySettings(broker_url=url, redis_url=url, redis_prefix="reply-kept:")
+    process = GatewayProcess(settings, pool, build_workers(pool))
+    fake_provider.enqueue(completion("4", delay_s=1.0))
+    request = CallRequest(
+        call_id="kept-1",
+        worker="primary",
+        messages=[ChatMessage(role="user", content="What is 2 + 2?")],
+        reply_to="reply-kept:reply:kept-1",
+    )
+    handled: list[CallReply] = []
+    handler = threading.Thread(
+        target=lambda: handled.append(process.handle(request, app=None)),  # type: ignore[arg-type]
+    )
+    try:
+        # When Redis dies while the provider answers, and comes back empty 3 s later
+        handler.start()
+        time.sleep(0.3)
+        servers[-1].kill()
+        servers[-1].wait()
+        time.sleep(3.0)
+        servers.append(private_redis_server(port))
+        handler.join(timeout=30)
+        with redis.Redis.from_url(url) as client:
+            reply = client.blpop(["reply-kept:reply:kept-1"], timeout=5)
+    finally:
+        process.close()
+        for server in servers:
+            server.kill()
+            server.wait()
+
+    # Then the answer reached the reply list, from the one provider call
+    assert handled, "the call did not return within 30 s"
+    assert reply is not None, "no reply was pushed after Redis came back"
+    delivered = CallReply.model_validate_json(reply[1])
+    assert delivered.ok
+    assert delivered.result is not None
+    assert delivered.result.text == "4"
+    assert len(fake_provider.chat_requests) == 1

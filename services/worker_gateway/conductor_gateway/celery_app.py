@@ -10,7 +10,9 @@ nothing: the broker hands the message to another gateway, which makes the call a
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -39,7 +41,9 @@ logger = logging.getLogger(__name__)
 
 REPLY_TTL_S = 24 * 3600  # an unread reply is kept a day, then expires
 INFRA_RETRIES = 10  # times a task whose reply cannot be delivered is re-queued
-REPLY_ATTEMPTS = 8  # about a minute of Redis being unreachable before the task is re-queued
+# How long a reply already paid for is retried while Redis is unreachable (a restart takes
+# seconds; a failover, tens) before its task is re-queued, and its call made again.
+REPLY_DELIVERY_S = 300.0
 REDIS_CONNECTIONS = 64  # per gateway process; calls queue for one rather than fail
 PUSH_REPLY = "redis.call('LPUSH', KEYS[1], ARGV[1]); redis.call('EXPIRE', KEYS[1], ARGV[2])"
 
@@ -139,16 +143,19 @@ class GatewayProcess:
                         del self._in_flight[workflow_id]
 
     async def _deliver(self, reply_to: str, body: str) -> None:
-        """Push the reply, retrying here: a Redis blip must not make the provider call again."""
-        for attempt in range(REPLY_ATTEMPTS):
+        """Push the reply, retrying here for up to ``REPLY_DELIVERY_S``: a Redis outage must
+        not make the provider call again."""
+        deadline = time.monotonic() + REPLY_DELIVERY_S
+        for attempt in itertools.count():
             try:
                 await self._push_reply(keys=[reply_to], args=[body, REPLY_TTL_S])
                 return
             except (OSError, aioredis.RedisError) as exc:
-                if attempt == REPLY_ATTEMPTS - 1:
+                delay = min(0.5 * 2**attempt, 10.0)
+                if time.monotonic() + delay > deadline:
                     raise
-                logger.warning("cannot push a reply (%s); trying again", exc)
-                await asyncio.sleep(min(0.5 * 2**attempt, 10))
+                logger.warning("cannot push a reply (%s); trying again in %g s", exc, delay)
+                await asyncio.sleep(delay)
 
     def close(self) -> None:
         async def shutdown() -> None:
