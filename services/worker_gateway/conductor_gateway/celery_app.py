@@ -162,7 +162,8 @@ class GatewayProcess:
             self._ended_watch.cancel()
             await asyncio.gather(self._ended_watch, return_exceptions=True)
             await self.gateway.aclose()
-            await self.redis.aclose()
+            # A client given its pool keeps it open on aclose() unless told: its sockets leaked.
+            await self.redis.aclose(close_connection_pool=True)
 
         self.loop.run(shutdown(), timeout_s=30)
         self.loop.stop()
