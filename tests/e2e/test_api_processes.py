@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import threading
@@ -33,6 +32,7 @@ from conductor_adapters.store.db import make_engine, upgrade
 from conductor_adapters.store.keys import create_key
 from conductor_cli.local_stack import ENTRY, LocalStack, ServiceProcess
 
+from fakes.api_process import announced_addresses, start_api_role
 from fakes.http_server import free_port
 from fakes.openai_server import FakeOpenAIServer
 
@@ -55,7 +55,6 @@ UNSET = (
     "CONDUCTOR_PLANNER_ADDR",
     "CONDUCTOR_PLANNER_BACKEND",
 )
-_READY = re.compile(r"conductor (?:serve|api): serving on (http://\S+?)(?:, gRPC on (\S+))?$")
 
 
 def plan_responder(messages: list[dict[str, Any]]) -> str:
@@ -134,21 +133,6 @@ def _conductor(args: list[str], env: dict[str, str]) -> subprocess.CompletedProc
     )
 
 
-def _start(role: str, log_path: Path, env: dict[str, str]) -> ServiceProcess:
-    """``conductor ROLE`` on free ports, started once it printed its ready line."""
-    args = ["--port", "0", "--grpc-port", "0"]
-    return ServiceProcess(role, args, log_path, env).start()
-
-
-def _addresses(process: ServiceProcess) -> tuple[str, str]:
-    """The HTTP URL and gRPC address the process announced in its ready line."""
-    for line in process.log_path.read_text(errors="replace").splitlines():
-        found = _READY.search(line)
-        if found and found.group(2):
-            return found.group(1), found.group(2)
-    raise AssertionError(f"no ready line with both ports in:\n{process.tail()}")
-
-
 def _client(url: str, key: str) -> OpenAI:
     return OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
 
@@ -170,9 +154,9 @@ def test_serve_answers_openly_until_a_key_exists_then_only_with_keys(
         "CONDUCTOR_DATABASE_URL": f"sqlite:///{tmp_path / 'data' / 'conductor.db'}",
         **_model_env(fakes, tmp_path),
     }
-    serve = _start("serve", tmp_path / "serve.log", env)
+    serve = start_api_role("serve", tmp_path / "serve.log", env)
     try:
-        url, _ = _addresses(serve)
+        url, _ = announced_addresses(serve)
         assert "conductor serve: no API key exists: open" in serve.tail()
 
         # When a client with any key asks the ultra variant
@@ -237,9 +221,9 @@ def test_jobs_of_a_killed_serve_end_failed_with_the_reason_after_a_restart(
         **_model_env(fakes, tmp_path),
     }
     fakes.workers.latency_s = 60.0
-    serve = _start("serve", tmp_path / "serve.log", env)
+    serve = start_api_role("serve", tmp_path / "serve.log", env)
     try:
-        url, _ = _addresses(serve)
+        url, _ = announced_addresses(serve)
         with httpx.Client(base_url=url, timeout=30) as http:
             ids = [
                 http.post("/v1/workflows", json={"question": f"job {n}"}).json()["id"]
@@ -253,12 +237,12 @@ def test_jobs_of_a_killed_serve_end_failed_with_the_reason_after_a_restart(
         # When it is killed, and started again on the same database
         serve.kill()
         killed = time.monotonic()
-        restarted = _start("serve", tmp_path / "restarted.log", env)
+        restarted = start_api_role("serve", tmp_path / "restarted.log", env)
     finally:
         fakes.workers.latency_s = 0.0
         serve.kill()
     try:
-        url, _ = _addresses(restarted)
+        url, _ = announced_addresses(restarted)
         streams = [_events(url, workflow_id) for workflow_id in ids]  # each ends, or times out
         ended_within_s = time.monotonic() - killed
         with httpx.Client(base_url=url, timeout=30) as http:
@@ -362,7 +346,7 @@ def distributed(
 
     def start_api() -> None:
         try:
-            started.append(_start("api", directory / "logs" / "api.log", api_env))
+            started.append(start_api_role("api", directory / "logs" / "api.log", api_env))
         except BaseException as exc:
             failures.append(exc)
 
@@ -377,7 +361,7 @@ def distributed(
         raise failures[0]
     api = started[0]
     try:
-        url, grpc_address = _addresses(api)
+        url, grpc_address = announced_addresses(api)
         yield Distributed(stack, api, url, grpc_address, key)
     finally:
         api.stop()

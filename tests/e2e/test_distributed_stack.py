@@ -18,15 +18,18 @@ from typing import Any
 import pytest
 import yaml
 from celery import Celery
+from openai import OpenAI
 from sqlalchemy import Engine, text
 
 from conductor.variants import BUILTIN_VARIANTS, Variant
 from conductor_adapters.queue import new_celery_app
 from conductor_adapters.settings import BrokerSettings
 from conductor_adapters.store.db import make_engine, upgrade
+from conductor_adapters.store.keys import create_key
 from conductor_adapters.store.runs import SubmitRequest, submit_workflow
 from conductor_cli.local_stack import LocalStack
 
+from fakes.api_process import announced_addresses, start_api_role
 from fakes.brokers import private_redis_server
 from fakes.http_server import free_port
 from fakes.openai_server import FakeOpenAIServer
@@ -247,9 +250,11 @@ def _run_through_fault(
     count: int = 10,
     redis_prefix: str = "conductor:",
     within_s: float = 180,
+    afterwards: Callable[[], None] | None = None,
 ) -> list[uuid.UUID]:
     """Start the stack, submit ``count`` workflows, cause ``fault`` once ``ready()`` holds
-    (mid-run), wait ``within_s`` at most for every workflow, stop the stack."""
+    (mid-run), wait ``within_s`` at most for every workflow, call ``afterwards`` while the
+    stack still runs, stop the stack."""
     stack.start()
     try:
         ids = _submit(engine, _client(broker_url, redis_prefix), count)
@@ -258,6 +263,8 @@ def _run_through_fault(
         faulted = time.monotonic()
         _wait_all(engine, ids, stack, timeout_s=within_s)
         print(f"all {count} workflows ended {time.monotonic() - faulted:.1f} s after the fault")
+        if afterwards is not None:
+            afterwards()
     finally:
         stack.stop()
     return ids
@@ -439,6 +446,26 @@ def test_redis_restarted_mid_run_loses_nothing(
         time.sleep(2.0)
         servers.append(private_redis_server(port))
 
+    # ...and, on the Redis broker, `conductor api` in front of it (its Redis use is the same
+    # on both brokers, and one API process costs seconds)
+    key = create_key(engine, "acme").secret
+    api = (
+        start_api_role("api", tmp_path / "logs" / "api.log", stack.env)
+        if broker == "redis"
+        else None
+    )
+    answers: list[str | None] = []
+
+    def ask_through_the_api() -> None:
+        if api is None:
+            return
+        url, _ = announced_addresses(api)
+        client = OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+        reply = client.chat.completions.create(
+            model="conductor-ultra", messages=[{"role": "user", "content": "After the restart?"}]
+        )
+        answers.append(reply.choices[0].message.content)
+
     supervisor = threading.Thread(target=supervise, daemon=True)
     supervisor.start()
     # When Redis goes away mid-run (its data, and on the Redis broker its queues, with it) and
@@ -452,15 +479,24 @@ def test_redis_restarted_mid_run_loses_nothing(
             fault=restart_redis,
             count=20,
             within_s=120,
+            afterwards=ask_through_the_api,
         )
+        api_running = api is None or api.running
     finally:
         supervising.set()
         supervisor.join(timeout=10)
+        if api is not None:
+            api.stop()
         servers[-1].kill()
         servers[-1].wait(timeout=10)
-    # Then every workflow completed within 2 minutes, with consistent traces
+    # Then every workflow completed within 2 minutes, with consistent traces, and the API,
+    # still the same process, answers through the restarted Redis
     _assert_all_ended_well(_check_traces(engine, ids))
     engine.dispose()
+    if api is not None:
+        assert api_running, api.tail()
+        assert answers
+        assert answers[0]
     if broker == "rabbitmq":
         assert "re-queued" in stack.get("gateway-0").tail(100_000)  # the outage hit calls
     print(f"processes started again after the restart: {restarted or 'none'}")
