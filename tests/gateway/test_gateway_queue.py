@@ -266,3 +266,33 @@ def test_an_answer_received_while_redis_restarts_is_delivered_not_paid_again(
     assert delivered.result is not None
     assert delivered.result.text == "4"
     assert len(fake_provider.chat_requests) == 1
+
+
+def test_replies_to_an_in_process_caller_leave_in_the_order_they_came(
+    fake_provider: FakeOpenAIServer, redis_url: str, redis_prefix: str
+) -> None:
+    # Given a gateway process answering five calls, one after another, onto one caller's list
+    pool = Pool(workers=(openai_compatible_spec("primary", fake_provider.base_url),))
+    settings = GatewaySettings(broker_url=redis_url, redis_url=redis_url, redis_prefix=redis_prefix)
+    process = GatewayProcess(settings, pool, build_workers(pool))
+    reply_to = f"{redis_prefix}replies:ordered"
+    try:
+        for n in range(5):
+            request = CallRequest(
+                call_id=f"call-{n}",
+                worker="primary",
+                messages=[ChatMessage(role="user", content=f"question {n}")],
+                reply_to=reply_to,
+            )
+            process.handle(request, app=None)  # type: ignore[arg-type]
+    finally:
+        process.close()
+
+    # When the caller reads them as it does (from the left)
+    with redis.Redis.from_url(redis_url) as client:
+        popped = [client.blpop([reply_to], timeout=5) for _ in range(5)]
+
+    # Then the oldest comes first: under a stream of calls none sinks behind newer ones
+    assert all(item is not None for item in popped)
+    order = [CallReply.model_validate_json(item[1]).call_id for item in popped if item]
+    assert order == [f"call-{n}" for n in range(5)]

@@ -29,7 +29,7 @@ from conductor.pool import Pool
 from conductor.ports import StepCallResult, StepRunner
 from conductor.variants import Variant
 from conductor_adapters.store.runs import SubmitRequest, submit_workflow
-from conductor_api.service import WorkflowService
+from conductor_api.service import ANNOUNCED_POLL_S, POLL_INTERVAL_S, WorkflowService
 
 logger = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 2.0
@@ -58,6 +58,7 @@ class DistributedWorkflows(WorkflowService):
         self.planner_addr = planner_addr
         self.runner = runner  # pass-through calls: the vendor queues, replies on Redis
         self._listener: asyncio.Task[None] | None = None
+        self._subscribed = False  # to the aggregators' event announcements
         self._planner_channel: grpc.aio.Channel | None = None
 
     @property
@@ -82,6 +83,9 @@ class DistributedWorkflows(WorkflowService):
     ) -> StepCallResult:
         return await self.runner.call(worker, messages, allowed_workers=allowed_workers)
 
+    def poll_interval_s(self, workflow_id: uuid.UUID) -> float:
+        return ANNOUNCED_POLL_S if self._subscribed else POLL_INTERVAL_S
+
     async def _listen(self) -> None:
         pattern = f"{self.redis_prefix}events:*"
         prefix_len = len(pattern) - 1
@@ -89,12 +93,18 @@ class DistributedWorkflows(WorkflowService):
             pubsub = self.redis.pubsub()
             try:
                 await pubsub.psubscribe(pattern)
+                # Subscribed (again): announcements from now on arrive; readers re-read once
+                # for any sent while this was not listening.
+                self._subscribed = True
+                self.signals.wake_all()
                 async for message in pubsub.listen():
                     if message.get("type") != "pmessage":
                         continue
                     self._announce(message["channel"][prefix_len:], message["data"])
             except (aioredis.RedisError, OSError) as exc:
-                # Readers keep polling the table meanwhile; only the wake-ups pause.
+                # Readers poll the table meanwhile; only the wake-ups pause.
+                self._subscribed = False
+                self.signals.wake_all()
                 logger.warning("event announcements interrupted (%s); resubscribing", exc)
                 await asyncio.sleep(1.0)
             finally:

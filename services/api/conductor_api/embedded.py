@@ -26,7 +26,12 @@ from conductor_adapters.store.runners import (
     unregister_runner,
 )
 from conductor_adapters.store.runs import SubmitRequest, record_workflow
-from conductor_api.service import EventSignals, WorkflowService
+from conductor_api.service import (
+    ANNOUNCED_POLL_S,
+    POLL_INTERVAL_S,
+    EventSignals,
+    WorkflowService,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +69,7 @@ class EmbeddedWorkflows(WorkflowService):
         self.gateway = gateway
         executor.observers.append(SignalObserver(self.signals))
         self._running: set[asyncio.Task[WorkflowRecord]] = set()
+        self._running_ids: set[uuid.UUID] = set()  # their events are announced here
         self.runner_id = new_runner_id()
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -106,8 +112,15 @@ class EmbeddedWorkflows(WorkflowService):
             name=f"workflow-{workflow_id}",
         )
         self._running.add(task)
+        self._running_ids.add(workflow_id)
         task.add_done_callback(self._finished)
+        task.add_done_callback(lambda _: self._running_ids.discard(workflow_id))
         return workflow_id
+
+    def poll_interval_s(self, workflow_id: uuid.UUID) -> float:
+        # Every event of a workflow run here is announced here (a finished one's last event
+        # is remembered); one run by another replica on the database is polled for.
+        return ANNOUNCED_POLL_S if workflow_id in self._running_ids else POLL_INTERVAL_S
 
     def _finished(self, task: asyncio.Task[WorkflowRecord]) -> None:
         self._running.discard(task)

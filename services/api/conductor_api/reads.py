@@ -112,8 +112,11 @@ def _step_view(step: StepRow, attempts: list[AttemptRow]) -> StepView:
     )
 
 
+EVENTS_PER_READ = 500
+
+
 def load_events(
-    engine: Engine, workflow_id: uuid.UUID, tenant: str, after: int, limit: int = 500
+    engine: Engine, workflow_id: uuid.UUID, tenant: str, after: int, limit: int = EVENTS_PER_READ
 ) -> list[EventView] | None:
     """Events with a sequence above ``after``, in order; None when the workflow is not the
     tenant's (or does not exist)."""

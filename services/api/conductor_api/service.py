@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import uuid
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,10 +26,15 @@ from conductor.pool import Pool
 from conductor.ports import StepCallResult
 from conductor.variants import Variant, get_variant
 from conductor_adapters.store.runs import SubmitRequest
-from conductor_api.reads import load_events, outcome_passed
+from conductor_api.reads import EVENTS_PER_READ, load_events, outcome_passed
 from conductor_api.schemas import EventView
 
-POLL_INTERVAL_S = 1.0  # events are re-read this often even when no announcement arrives
+# A reader re-reads a workflow's events this often when announcements may not reach it (a
+# workflow run by another process, announcements interrupted)...
+POLL_INTERVAL_S = 1.0
+# ...and this often when every event is announced to it: a safety net only, so the CPU a
+# waiting reader costs does not grow with how long it waits.
+ANNOUNCED_POLL_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -43,13 +49,19 @@ class Caller:
 class EventSignals:
     """Wakes the readers of a workflow's events when new ones are stored.
 
-    Announcements are a shortcut, not the source of truth: readers re-read the table at
-    least every POLL_INTERVAL_S, so a lost announcement delays an event, never drops it.
+    Announcements are a shortcut, not the source of truth: readers re-read the table at least
+    every ``WorkflowService.poll_interval_s``, so a lost announcement delays an event, never
+    drops it.
     """
+
+    # Finished workflows whose last sequence is remembered: a reader that read just before the
+    # final event and waits just after its announcement returns at once instead of polling.
+    FINISHED_KEPT = 10_000
 
     def __init__(self) -> None:
         self._latest: dict[uuid.UUID, int] = {}
         self._wakeups: dict[uuid.UUID, asyncio.Event] = {}
+        self._finished: OrderedDict[uuid.UUID, int] = OrderedDict()
 
     def announce(self, workflow_id: uuid.UUID, sequence: int, *, final: bool = False) -> None:
         self._latest[workflow_id] = max(sequence, self._latest.get(workflow_id, 0))
@@ -57,10 +69,19 @@ class EventSignals:
         if wakeup is not None:
             wakeup.set()
         if final:
-            self._latest.pop(workflow_id, None)
+            self._finished[workflow_id] = self._latest.pop(workflow_id)
+            while len(self._finished) > self.FINISHED_KEPT:
+                self._finished.popitem(last=False)
+
+    def wake_all(self) -> None:
+        """Wake every waiting reader to re-read: announcements may have been missed."""
+        wakeups, self._wakeups = self._wakeups, {}
+        for wakeup in wakeups.values():
+            wakeup.set()
 
     async def wait(self, workflow_id: uuid.UUID, after: int, timeout_s: float) -> None:
-        if self._latest.get(workflow_id, 0) > after:
+        latest = self._latest.get(workflow_id) or self._finished.get(workflow_id, 0)
+        if latest > after:
             return
         wakeup = self._wakeups.setdefault(workflow_id, asyncio.Event())
         with contextlib.suppress(TimeoutError):
@@ -84,6 +105,10 @@ class WorkflowService(ABC):
         self.variants = dict(variants)
         self.default_variant = default_variant
         self.signals = EventSignals()
+
+    def poll_interval_s(self, workflow_id: uuid.UUID) -> float:
+        """How long a reader of ``workflow_id`` waits for an announcement before re-reading."""
+        return POLL_INTERVAL_S
 
     @property
     @abstractmethod
@@ -192,8 +217,11 @@ class WorkflowService(ABC):
                 after = event.sequence
                 if event.kind in FINAL_EVENT_KINDS:
                     return
-            if not events:
-                # A resume point at or past the outcome: nothing more will ever come.
-                if await asyncio.to_thread(outcome_passed, self.engine, workflow_id, after):
-                    return
-                await self.signals.wait(workflow_id, after, POLL_INTERVAL_S)
+            # A resume point at or past the outcome: nothing more will ever come.
+            if not events and await asyncio.to_thread(
+                outcome_passed, self.engine, workflow_id, after
+            ):
+                return
+            if len(events) < EVENTS_PER_READ:  # else more are stored already: read on
+                # Returns at once when an event past ``after`` was announced meanwhile.
+                await self.signals.wait(workflow_id, after, self.poll_interval_s(workflow_id))

@@ -45,7 +45,9 @@ INFRA_RETRIES = 10  # times a task whose reply cannot be delivered is re-queued
 # seconds; a failover, tens) before its task is re-queued, and its call made again.
 REPLY_DELIVERY_S = 300.0
 REDIS_CONNECTIONS = 64  # per gateway process; calls queue for one rather than fail
-PUSH_REPLY = "redis.call('LPUSH', KEYS[1], ARGV[1]); redis.call('EXPIRE', KEYS[1], ARGV[2])"
+# RPUSH: callers pop from the left, so replies leave in the order they came. (LPUSH made the
+# list a stack: under a steady stream old replies sank, one waited 30 s behind newer ones.)
+PUSH_REPLY = "redis.call('RPUSH', KEYS[1], ARGV[1]); redis.call('EXPIRE', KEYS[1], ARGV[2])"
 
 
 class GatewayProcess:

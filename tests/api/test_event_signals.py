@@ -1,0 +1,99 @@
+"""Readers of a workflow's events are woken when new ones are stored, and never sleep through
+an announcement that came before they waited."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+import conductor_api.service as service_module
+from conductor_adapters.store.keys import create_key
+from conductor_api.service import EventSignals
+
+from fakes.api_server import LiveApi, scripted_service
+from fakes.scripted import ScriptedWorker
+
+
+async def _waited_s(signals: EventSignals, workflow_id: uuid.UUID, after: int) -> float:
+    started = time.perf_counter()
+    await signals.wait(workflow_id, after, timeout_s=1.0)
+    return time.perf_counter() - started
+
+
+async def test_a_reader_that_waits_after_the_final_announcement_returns_at_once() -> None:
+    # Given a reader that read events 1-2, and the final event 3 announced before it waits
+    signals = EventSignals()
+    workflow_id = uuid.uuid4()
+    signals.announce(workflow_id, 2)
+    signals.announce(workflow_id, 3, final=True)
+
+    # When it waits for what comes after 2, it returns at once, not at the 1 s poll
+    assert await _waited_s(signals, workflow_id, after=2) < 0.1
+    # ...while one that has read everything waits for the poll
+    assert await _waited_s(signals, workflow_id, after=3) >= 0.9
+
+
+async def test_a_waiting_reader_is_woken_by_the_next_announcement() -> None:
+    signals = EventSignals()
+    workflow_id = uuid.uuid4()
+    waiting = asyncio.create_task(_waited_s(signals, workflow_id, after=0))
+    await asyncio.sleep(0.05)
+    signals.announce(workflow_id, 1)
+    assert await waiting < 0.5
+
+
+def test_finished_workflows_remembered_are_bounded() -> None:
+    signals = EventSignals()
+    ids = [uuid.uuid4() for _ in range(EventSignals.FINISHED_KEPT + 10)]
+    for workflow_id in ids:
+        signals.announce(workflow_id, 1, final=True)
+    assert len(signals._finished) == EventSignals.FINISHED_KEPT
+    assert ids[0] not in signals._finished
+    assert ids[-1] in signals._finished
+
+
+@pytest.mark.slow
+def test_a_waiting_completion_reads_the_database_no_more_for_waiting_longer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the embedded API with a worker that answers in 0.5 s and one that takes 4 s, and a
+    # spy on the reads of a workflow's events (the real reads run)
+    workers = [ScriptedWorker("quick", delay_s=0.5), ScriptedWorker("slow", delay_s=4.0)]
+    api = LiveApi(lambda: scripted_service(f"sqlite:///{tmp_path / 'conductor.db'}", workers))
+    reads: list[int] = []
+    real_load_events = service_module.load_events
+
+    def load_events(engine: Any, workflow_id: uuid.UUID, tenant: str, after: int) -> Any:
+        reads.append(after)
+        return real_load_events(engine, workflow_id, tenant, after)
+
+    monkeypatch.setattr(service_module, "load_events", load_events)
+
+    def reads_for(worker: str) -> int:
+        reads.clear()
+        reply = client.chat.completions.create(
+            model="conductor-ultra",
+            messages=[{"role": "user", "content": "What is 6 * 7?"}],
+            extra_body={"conductor": {"pool": [worker]}},
+        )
+        assert reply.choices[0].message.content
+        return len(reads)
+
+    try:
+        key = create_key(api.service.engine, "acme").secret
+        client = OpenAI(base_url=f"{api.url}/v1", api_key=key, max_retries=0, timeout=30)
+        # When the same one-step workflow runs on each
+        quick, slow = reads_for("quick"), reads_for("slow")
+    finally:
+        api.close()
+
+    # Then waiting 3.5 s longer costs no more reads (one more or less: how the first events
+    # fall into reads varies): the waiting request is woken by each stored
+    # event (re-reading every second made 500 waiting requests spend most of the CPU on reads)
+    assert slow <= quick + 1, (quick, slow)
