@@ -14,9 +14,11 @@ from conductor.variants import BUILTIN_VARIANTS
 from conductor.workflow import ALL
 from conductor_adapters.settings import Settings
 from conductor_cli.wiring import open_eval_runtime
+from conductor_evaluation import code_check
 from conductor_evaluation.harness import EvalOptions, EvalOutcome, evaluate
 from conductor_evaluation.report import percentile, summarize, wilson
 from conductor_evaluation.results import RESULTS_FILE, ItemResult
+from conductor_evaluation.sandbox import SandboxLimits
 from conductor_evaluation.sim import builtin_sim_pool
 from conductor_evaluation.strategies import AGGREGATE, REVIEW, FixedPlanner, parse_strategies
 
@@ -204,9 +206,13 @@ async def test_a_rerun_resumes_from_the_cached_results(tmp_path: Path) -> None:
 
 
 @pytest.mark.processes
-async def test_hostile_code_is_contained_and_the_run_carries_on(tmp_path: Path) -> None:
+async def test_hostile_code_is_contained_and_the_run_carries_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A perfect simulated coder hands back each item's reference: a loop, a bomb, a network
     call, and a good solution. The bad ones are stopped and judged wrong; the good one passes."""
+    # A 2 s wall clock rather than the default 10 s: the loop is stopped the same way, sooner.
+    monkeypatch.setattr(code_check, "DEFAULT_LIMITS", SandboxLimits(timeout_s=2.0))
     cases = {
         "loop": "def f():\n    while True:\n        pass\n\nf()\n",
         "bomb": "def f():\n    return bytearray(8 * 1024**3)\n\nf()\n",
