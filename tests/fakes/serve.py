@@ -28,10 +28,7 @@ def plan_responder(messages: list[dict[str, Any]]) -> str:
     steps = int(found.group(1)) if found else 1
     subtasks = ", ".join(f'"Step {n + 1}."' for n in range(steps))
     access = ", ".join("[]" if n == 0 else f"[{n - 1}]" for n in range(steps))
-    return (
-        f"Chained.\nmodel_id = {[0] * steps}\nsubtasks = [{subtasks}]\n"
-        f"access_list = [{access}]"
-    )
+    return f"Chained.\nmodel_id = {[0] * steps}\nsubtasks = [{subtasks}]\naccess_list = [{access}]"
 
 
 def main() -> None:
