@@ -207,59 +207,46 @@ async def run(
             pid,
         ),
     ]
+    slow_paths = [
+        ("pass-through, 1 s provider", chat_body("slow", QUESTION)),
+        (
+            "one-step workflow, 1 s provider",
+            chat_body("conductor-ultra", f"[1 steps] {QUESTION}", ["slow"]),
+        ),
+    ]
+    # (path, mode, url, body, requests, concurrency, server pid), in the order they run
+    runs = [
+        (name, mode, url, body, requests, concurrency, server_pid)
+        for name, url, body, server_pid in paths
+        for mode, requests, concurrency in (
+            ("sequential", options.sequential, 1),
+            ("in-flight", options.requests, options.in_flight),
+        )
+    ] + [
+        (name, "burst", completions, body, options.burst, options.burst, pid)
+        for name, body in slow_paths
+    ]
     limits = httpx.Limits(max_connections=options.burst + 10, max_keepalive_connections=100)
     phases: list[Phase] = []
+    warmed: set[str] = set()
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        for name, url, body, server_pid in paths:
-            for _ in range(5):  # warm-up: connections, caches, the first plan
-                await client.post(url, json=body)
-            phases.append(
-                await measure(
-                    client,
-                    name,
-                    "sequential",
-                    url,
-                    body,
-                    requests=options.sequential,
-                    concurrency=1,
-                    server_pid=server_pid,
-                )
+        for name, mode, url, body, requests, concurrency, server_pid in runs:
+            if name not in warmed and mode != "burst":
+                for _ in range(5):  # warm-up: connections, caches, the first plan
+                    await client.post(url, json=body)
+                warmed.add(name)
+            phase = await measure(
+                client,
+                name,
+                mode,
+                url,
+                body,
+                requests=requests,
+                concurrency=concurrency,
+                server_pid=server_pid,
             )
-            report(phases[-1])
-            phases.append(
-                await measure(
-                    client,
-                    name,
-                    "in-flight",
-                    url,
-                    body,
-                    requests=options.requests,
-                    concurrency=options.in_flight,
-                    server_pid=server_pid,
-                )
-            )
-            report(phases[-1])
-        bursts = [
-            ("pass-through, 1 s provider", chat_body("slow", QUESTION)),
-            (
-                "one-step workflow, 1 s provider",
-                chat_body("conductor-ultra", f"[1 steps] {QUESTION}", ["slow"]),
-            ),
-        ]
-        for name, body in bursts:
-            phases.append(
-                await measure(
-                    client,
-                    name,
-                    "burst",
-                    completions,
-                    body,
-                    requests=options.burst,
-                    concurrency=options.burst,
-                    server_pid=pid,
-                )
-            )
-            report(phases[-1])
+            report(phase)
+            phases.append(phase)
     return phases
 
 
