@@ -391,8 +391,7 @@ class WorkflowMachine:
         requested = state.plan_requested_at
         if state.planning_round is not None and requested and now >= requested + step_timeout:
             if state.plan_requests < MAX_SENDS:
-                changed = changed or not state.resend_plan
-                state.resend_plan = True
+                changed = self._resend_plan() or changed
             else:
                 changed = True
                 self._plan_failed(
@@ -405,9 +404,7 @@ class WorkflowMachine:
                 continue
             sends = state.dispatches.get(step.index, 0)
             if sends < MAX_SENDS:
-                if step.index not in state.resend_steps:
-                    state.resend_steps.append(step.index)
-                    changed = True
+                changed = self._resend_step(step.index) or changed
             else:
                 changed = True
                 self._step_failed(
@@ -418,16 +415,27 @@ class WorkflowMachine:
         return changed
 
     def _messages_lost(self) -> bool:
-        state = self.state
-        if state.finished:
+        if self.state.finished:
             return False
-        before = (state.resend_plan, list(state.resend_steps))
-        if state.planning_round is not None:
-            state.resend_plan = True
+        changed = self.state.planning_round is not None and self._resend_plan()
         for step in self._running_workers():
-            if step.index not in state.resend_steps:
-                state.resend_steps.append(step.index)
-        return (state.resend_plan, state.resend_steps) != before
+            changed = self._resend_step(step.index) or changed
+        return changed
+
+    def _resend_plan(self) -> bool:
+        """Mark the plan request to be sent again by the next ``advance``; whether it was not
+        marked already."""
+        changed = not self.state.resend_plan
+        self.state.resend_plan = True
+        return changed
+
+    def _resend_step(self, index: int) -> bool:
+        """Mark a running step to be sent again by the next ``advance``; whether it was not
+        marked already."""
+        if index in self.state.resend_steps:
+            return False
+        self.state.resend_steps.append(index)
+        return True
 
     def _sent_at(self, step: StepRecord) -> datetime:
         """When a running step was last sent (every dispatch records it)."""

@@ -72,6 +72,19 @@ Change = Callable[[Connection, RunRow], WorkflowMachine | None]
 """What a message does to a locked run: the machine to advance and save, or None (no change)."""
 
 
+def _applying(fact: Fact) -> Change:
+    """The change that applies ``fact`` to a started workflow; None (nothing saved) when the
+    workflow has not started or the fact no longer applies."""
+
+    def change(conn: Connection, run: RunRow) -> WorkflowMachine | None:
+        if run.state is None:
+            return None
+        machine = WorkflowMachine(run.state)
+        return machine if machine.apply(fact) else None
+
+    return change
+
+
 def events_channel(prefix: str, workflow_id: uuid.UUID | str) -> str:
     """The Redis channel that announces a workflow's new events (the API listens on it)."""
     return f"{prefix}events:{workflow_id}"
@@ -215,8 +228,7 @@ class Aggregator:
                 send_start(self.app, run.workflow_id)
                 postpone_start(conn, run.workflow_id, now)
                 return None
-            machine = WorkflowMachine(run.state)
-            return machine if machine.apply(MessagesLost()) else None
+            return _applying(MessagesLost())(conn, run)
 
         for workflow_id in active:
             self._change(workflow_id, resend)
@@ -226,41 +238,19 @@ class Aggregator:
 
     def _apply(self, workflow_id: uuid.UUID, fact: Fact) -> None:
         """Apply one fact to a running workflow; nothing happens when it no longer applies."""
+        self._change(workflow_id, _applying(fact))
 
-        def change(conn: Connection, run: RunRow) -> WorkflowMachine | None:
-            if run.state is None:
-                return None
-            machine = WorkflowMachine(run.state)
-            return machine if machine.apply(fact) else None
-
-        self._change(workflow_id, change)
-
-    def _change(
-        self, workflow_id: uuid.UUID, change: Change, *, abort_unstorable: bool = True
-    ) -> None:
+    def _change(self, workflow_id: uuid.UUID, change: Change) -> None:
         try:
             self._change_once(workflow_id, change)
         except DataError as exc:
             # The database refuses this data (a provider reporting more tokens than a column
             # holds, say): every retry would fail alike and send again what the change sends.
             # The workflow ends instead, with the reason.
-            if not abort_unstorable:
-                raise
-            first_line = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else ""
-            reason = f"the trace store refused this workflow's data: {first_line or 'DataError'}"
+            detail = str(exc.orig).strip().partition("\n")[0] or "DataError"
+            reason = f"the trace store refused this workflow's data: {detail}"
             logger.error("workflow %s: %s", workflow_id, reason)
-            self._change(
-                workflow_id,
-                lambda conn, run: self._aborted(run, reason),
-                abort_unstorable=False,
-            )
-
-    @staticmethod
-    def _aborted(run: RunRow, reason: str) -> WorkflowMachine | None:
-        if run.state is None:
-            return None
-        machine = WorkflowMachine(run.state)
-        return machine if machine.apply(Aborted(reason)) else None
+            self._change_once(workflow_id, _applying(Aborted(reason)))
 
     def _change_once(self, workflow_id: uuid.UUID, change: Change) -> None:
         with self.engine.begin() as conn:

@@ -68,8 +68,8 @@ class EmbeddedWorkflows(WorkflowService):
         self.executor = executor
         self.gateway = gateway
         executor.observers.append(SignalObserver(self.signals))
-        self._running: set[asyncio.Task[WorkflowRecord]] = set()
-        self._running_ids: set[uuid.UUID] = set()  # their events are announced here
+        # Workflows running here, by id: their events are announced here.
+        self._running: dict[uuid.UUID, asyncio.Task[WorkflowRecord]] = {}
         self.runner_id = new_runner_id()
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -111,19 +111,17 @@ class EmbeddedWorkflows(WorkflowService):
             ),
             name=f"workflow-{workflow_id}",
         )
-        self._running.add(task)
-        self._running_ids.add(workflow_id)
-        task.add_done_callback(self._finished)
-        task.add_done_callback(lambda _: self._running_ids.discard(workflow_id))
+        self._running[workflow_id] = task
+        task.add_done_callback(lambda done: self._finished(workflow_id, done))
         return workflow_id
 
     def poll_interval_s(self, workflow_id: uuid.UUID) -> float:
         # Every event of a workflow run here is announced here (a finished one's last event
         # is remembered); one run by another replica on the database is polled for.
-        return ANNOUNCED_POLL_S if workflow_id in self._running_ids else POLL_INTERVAL_S
+        return ANNOUNCED_POLL_S if workflow_id in self._running else POLL_INTERVAL_S
 
-    def _finished(self, task: asyncio.Task[WorkflowRecord]) -> None:
-        self._running.discard(task)
+    def _finished(self, workflow_id: uuid.UUID, task: asyncio.Task[WorkflowRecord]) -> None:
+        self._running.pop(workflow_id, None)
         if not task.cancelled() and task.exception() is not None:
             logger.error("workflow task failed", exc_info=task.exception())
 
@@ -152,9 +150,10 @@ class EmbeddedWorkflows(WorkflowService):
 
     async def aclose(self) -> None:
         """Workflows still running are cancelled; each records that it did not finish."""
-        for task in list(self._running):
+        tasks = list(self._running.values())
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._running, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)
