@@ -177,14 +177,28 @@ class ScriptedServer:
 
     async def _delay(self, seconds: float, request: Request, recorded: RecordedRequest) -> None:
         """Wait before answering, watching the client: one that closes the connection meanwhile
-        is logged in ``abandoned`` and gets no answer."""
-        deadline = time.monotonic() + seconds
-        while (remaining := deadline - time.monotonic()) > 0 and not self._stopped.is_set():
-            if await request.is_disconnected():
-                with self._lock:
-                    self.abandoned.append((recorded, time.time()))
-                return
-            await self._sleep(min(0.05, remaining))
+        is logged in ``abandoned`` and gets no answer. (The body is read, so the next message
+        the server hands over is the disconnect: waited for, not polled.)"""
+        if seconds <= 0:
+            return
+
+        async def client_gone() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
+        gone = asyncio.ensure_future(client_gone())
+        stopped = asyncio.ensure_future(self._stopped.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {gone, stopped}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for waiter in (gone, stopped):
+                waiter.cancel()
+            await asyncio.gather(gone, stopped, return_exceptions=True)
+        if gone in done:
+            with self._lock:
+                self.abandoned.append((recorded, time.time()))
 
     async def _sleep(self, seconds: float) -> None:
         # Cut short by stop(), so shutdown never waits on a handler whose client already gave up.

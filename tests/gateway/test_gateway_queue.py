@@ -219,6 +219,14 @@ async def _until(condition: Any, timeout_s: float) -> None:
         await asyncio.sleep(0.05)
 
 
+def _gateway_process(provider: FakeOpenAIServer, redis_url: str, prefix: str) -> GatewayProcess:
+    """A gateway process's machinery in this one: worker ``primary`` on ``provider``, replies
+    on ``redis_url`` (which is also the broker it would consume)."""
+    pool = Pool(workers=(openai_compatible_spec("primary", provider.base_url),))
+    settings = GatewaySettings(broker_url=redis_url, redis_url=redis_url, redis_prefix=prefix)
+    return GatewayProcess(settings, pool, build_workers(pool))
+
+
 def test_an_answer_received_while_redis_restarts_is_delivered_not_paid_again(
     fake_provider: FakeOpenAIServer,
 ) -> None:
@@ -227,9 +235,7 @@ def test_an_answer_received_while_redis_restarts_is_delivered_not_paid_again(
     port = free_port()
     servers = [private_redis_server(port)]
     url = f"redis://127.0.0.1:{port}/0"
-    pool = Pool(workers=(openai_compatible_spec("primary", fake_provider.base_url),))
-    settings = GatewaySettings(broker_url=url, redis_url=url, redis_prefix="reply-kept:")
-    process = GatewayProcess(settings, pool, build_workers(pool))
+    process = _gateway_process(fake_provider, url, "reply-kept:")
     fake_provider.enqueue(completion("4", delay_s=1.0))
     request = CallRequest(
         call_id="kept-1",
@@ -272,9 +278,7 @@ def test_replies_to_an_in_process_caller_leave_in_the_order_they_came(
     fake_provider: FakeOpenAIServer, redis_url: str, redis_prefix: str
 ) -> None:
     # Given a gateway process answering five calls, one after another, onto one caller's list
-    pool = Pool(workers=(openai_compatible_spec("primary", fake_provider.base_url),))
-    settings = GatewaySettings(broker_url=redis_url, redis_url=redis_url, redis_prefix=redis_prefix)
-    process = GatewayProcess(settings, pool, build_workers(pool))
+    process = _gateway_process(fake_provider, redis_url, redis_prefix)
     reply_to = f"{redis_prefix}replies:ordered"
     try:
         for n in range(5):
