@@ -94,6 +94,7 @@ class EmbeddedRuntime:
         if self._closed:
             return
         self._closed = True
+        await self.store.flush()  # progress written behind is committed before the engine goes
         await self.backend.aclose()
         await self.gateway.aclose()
         self.engine.dispose()
@@ -144,7 +145,7 @@ def embedded_api_service(runtime: EmbeddedRuntime, settings: Settings) -> Embedd
     return EmbeddedWorkflows(
         runtime.executor,
         runtime.gateway,
-        runtime.engine,
+        runtime.store,
         runtime.pool,
         load_variants(settings),
         settings.default_variant,

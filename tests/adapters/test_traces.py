@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -13,6 +14,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, delete, func, inspect, select, text
+from sqlalchemy import event as sqlalchemy_event
 
 from conductor.chat import Usage
 from conductor.machine import EventKind, MachineEvent
@@ -319,8 +321,48 @@ async def test_duplicate_events_change_nothing(engine: Engine) -> None:
     ]
     for event in events:
         await event()
+        await store.flush()
         # Then the database is exactly as before, after each one
         assert dump(engine) == before
+
+
+async def test_progress_is_written_behind_and_the_outcome_before_observe_returns(
+    engine: Engine,
+) -> None:
+    # Given a store whose commits are held, and a listener of what it stored
+    store = TraceStore(engine, POOL)
+    heard: list[tuple[int, bool]] = []
+    store.on_stored.append(lambda _, last, final: heard.append((last, final)))
+    held = threading.Event()
+
+    def hold(_: object) -> None:
+        held.wait(10)
+
+    sqlalchemy_event.listen(engine, "commit", hold)
+    try:
+        result = finished_result()
+        running = result.model_copy(update={"status": WorkflowStatus.RUNNING, "answer": None})
+        # When a workflow's start is observed, then its outcome
+        started = machine_event(EventKind.STARTED, 0, workers=["big"])
+        await asyncio.wait_for(store.observe(running, [started]), 2)
+        outcome = asyncio.create_task(
+            store.observe(result, [machine_event(EventKind.COMPLETED, 6)])
+        )
+        await asyncio.sleep(0.2)
+        # Then the start did not wait for its commit, the outcome does, and nothing uncommitted
+        # was announced
+        assert not outcome.done()
+        assert heard == []
+        held.set()
+        await asyncio.wait_for(outcome, 10)
+    finally:
+        held.set()
+        sqlalchemy_event.remove(engine, "commit", hold)
+    # And once committed, both are announced in order, and the outcome is in the database
+    assert heard == [(0, False), (6, True)]
+    row = await store.get_workflow(result.workflow_id)
+    assert row is not None
+    assert row.status == "completed"
 
 
 async def test_events_for_an_unknown_workflow_still_leave_a_trace(engine: Engine) -> None:
@@ -352,6 +394,7 @@ async def test_parallel_step_events_are_serialised(engine: Engine) -> None:
             for i in range(5)
         )
     )
+    await store.flush()
     # Then every step and attempt is stored
     steps = await store.list_steps(result.workflow_id)
     assert [s.output for s in steps] == ["0", "1", "2", "3", "4"]

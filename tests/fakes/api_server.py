@@ -120,10 +120,11 @@ def scripted_service(
     engine = make_engine(database_url)
     pool = named_pool([w.name for w in workers], price, fallbacks)
     gateway = scripted_gateway(pool, {w.name: w for w in workers})
+    store = TraceStore(engine, pool)
     executor = WorkflowExecutor(
         planner=ConductorPlanner(TwoStepBackend()),
         pool=pool,
         gateway=gateway,
-        observers=[TraceStore(engine, pool)],
+        observers=[store],
     )
-    return EmbeddedWorkflows(executor, gateway, engine, pool, BUILTIN_VARIANTS, "conductor-ultra")
+    return EmbeddedWorkflows(executor, gateway, store, pool, BUILTIN_VARIANTS, "conductor-ultra")

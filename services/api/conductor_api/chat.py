@@ -209,8 +209,7 @@ async def _outcome(
 ) -> WorkflowView:
     try:
         async with asyncio.timeout(timeout_s):
-            async for _ in service.follow(workflow_id, tenant):
-                pass
+            await service.wait_for_outcome(workflow_id, tenant)
     except TimeoutError:
         raise ApiError(
             504, f"workflow {workflow_id} did not finish within {timeout_s:g} s", code="timeout"

@@ -7,11 +7,12 @@ import logging
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, text
 
 from conductor.chat import ChatMessage
+from conductor.errors import ConfigurationError, DatabaseUnavailableError
 from conductor.executor import WorkflowExecutor
-from conductor.machine import MachineEvent, utcnow
+from conductor.machine import utcnow
 from conductor.pool import Pool
 from conductor.ports import StepCallResult, StepRunner
 from conductor.variants import Variant
@@ -26,26 +27,14 @@ from conductor_adapters.store.runners import (
     unregister_runner,
 )
 from conductor_adapters.store.runs import SubmitRequest, record_workflow
+from conductor_adapters.store.traces import TraceStore
 from conductor_api.service import (
     ANNOUNCED_POLL_S,
     POLL_INTERVAL_S,
-    EventSignals,
     WorkflowService,
 )
 
 logger = logging.getLogger(__name__)
-
-
-class SignalObserver:
-    """Announces stored events; placed after the trace store, so what it announces is there."""
-
-    def __init__(self, signals: EventSignals) -> None:
-        self.signals = signals
-
-    async def observe(self, workflow: WorkflowRecord, events: Sequence[MachineEvent]) -> None:
-        last = max(e.sequence for e in events)
-        final = any(e.kind.final for e in events)
-        self.signals.announce(workflow.workflow_id, last, final=final)
 
 
 class EmbeddedWorkflows(WorkflowService):
@@ -55,7 +44,7 @@ class EmbeddedWorkflows(WorkflowService):
         self,
         executor: WorkflowExecutor,
         gateway: StepRunner,
-        engine: Engine,
+        store: TraceStore,
         pool: Pool,
         variants: Mapping[str, Variant],
         default_variant: str,
@@ -63,11 +52,17 @@ class EmbeddedWorkflows(WorkflowService):
         heartbeat_s: float = HEARTBEAT_S,
         stale_after_s: float = STALE_AFTER_S,
     ) -> None:
-        super().__init__(engine, pool, variants, default_variant)
+        if store not in executor.observers:
+            raise ConfigurationError("the executor does not write to this trace store")
+        super().__init__(store.engine, pool, variants, default_variant)
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.executor = executor
         self.gateway = gateway
-        executor.observers.append(SignalObserver(self.signals))
+        self.store = store
+        # Events are announced once committed, so what a woken reader reads is there.
+        store.on_stored.append(
+            lambda workflow_id, last, final: self.signals.announce(workflow_id, last, final=final)
+        )
         # Workflows running here, by id: their events are announced here.
         self._running: dict[uuid.UUID, asyncio.Task[WorkflowRecord]] = {}
         self.runner_id = new_runner_id()
@@ -96,11 +91,12 @@ class EmbeddedWorkflows(WorkflowService):
         self.executor.entries_for(request.pool)  # refuses unknown workers before recording
         workflow_id, now = uuid.uuid4(), utcnow()
 
-        def record() -> None:
-            with self.engine.begin() as conn:
-                record_workflow(conn, request, workflow_id, now, runner_id=self.runner_id)
+        def record(conn: Connection) -> None:
+            record_workflow(conn, request, workflow_id, now, runner_id=self.runner_id)
 
-        await asyncio.to_thread(record)
+        # Committed before the caller hears of it: an accepted workflow is never lost.
+        if not await self.store.record(record):
+            raise DatabaseUnavailableError("cannot record the workflow in the trace database")
         task = asyncio.create_task(
             self.executor.run(
                 request.question,
@@ -119,6 +115,14 @@ class EmbeddedWorkflows(WorkflowService):
         # Every event of a workflow run here is announced here (a finished one's last event
         # is remembered); one run by another replica on the database is polled for.
         return ANNOUNCED_POLL_S if workflow_id in self._running else POLL_INTERVAL_S
+
+    async def wait_for_outcome(self, workflow_id: uuid.UUID, tenant: str) -> None:
+        task = self._running.get(workflow_id)
+        if task is None:  # finished already, or run elsewhere: its events say
+            await super().wait_for_outcome(workflow_id, tenant)
+            return
+        # The run ends once its outcome is committed; no event read is needed to know it.
+        await asyncio.wait({task})
 
     def _finished(self, workflow_id: uuid.UUID, task: asyncio.Task[WorkflowRecord]) -> None:
         self._running.pop(workflow_id, None)
@@ -154,6 +158,7 @@ class EmbeddedWorkflows(WorkflowService):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.store.flush()
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)

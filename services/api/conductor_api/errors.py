@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from conductor.errors import InvalidRequest
+from conductor.errors import DatabaseUnavailableError, InvalidRequest
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def invalid(_: Request, exc: Exception) -> JSONResponse:
         return error_response(ApiError(400, str(exc)))
 
+    async def database_unavailable(_: Request, exc: Exception) -> JSONResponse:
+        logger.error("%s", exc)
+        message = "the trace database is unavailable; nothing was started, try again later"
+        return error_response(ApiError(503, message, code="database_unavailable"))
+
     async def validation(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         message, param = _validation_message(exc)
@@ -95,6 +100,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(InvalidRequest, invalid)
+    app.add_exception_handler(DatabaseUnavailableError, database_unavailable)
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(Exception, unexpected)

@@ -199,6 +199,12 @@ class WorkflowService(ABC):
             metadata=dict(metadata or {}),
         )
 
+    async def wait_for_outcome(self, workflow_id: uuid.UUID, tenant: str) -> None:
+        """Return once the workflow's outcome is stored. Raises LookupError when the workflow
+        is not the tenant's."""
+        async for _ in self.follow(workflow_id, tenant):
+            pass
+
     async def follow(
         self, workflow_id: uuid.UUID, tenant: str, after: int = 0
     ) -> AsyncIterator[EventView]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Table, update
+from sqlalchemy import Connection, Engine, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
@@ -33,6 +33,7 @@ from conductor.workflow import (
     WorkflowRecord,
     WorkflowStatus,
 )
+from conductor_adapters.store.group_commit import GroupCommit, Write
 from conductor_adapters.store.models import (
     AttemptRow,
     StepRow,
@@ -164,7 +165,7 @@ def _executed_plan(planner_calls: list[Row]) -> list[Row]:
     return steps
 
 
-Write = Callable[[Connection], None]
+StoredListener = Callable[[uuid.UUID, int, bool], None]
 
 
 class TraceWrites:
@@ -190,91 +191,94 @@ class TraceWrites:
         self.workers = {w.name: w for w in pool.workers}
         self.tenant = tenant
         self.secret_env_names = tuple(secret_env_names)
+        self._sql = _Statements(dialect)
 
     def for_events(self, result: WorkflowRecord, events: Sequence[MachineEvent]) -> Write:
         """Every write the events call for (workflow, plans, steps, outcome), then the numbered
-        events themselves, as one write."""
-        writes = [self._for_event(result, event) for event in events]
-        writes.append(self.events(result, list(events)))
+        events themselves, as one write; the workflow row is made sure of once, first."""
+        secrets = secret_values(self.secret_env_names)
+        started = [e for e in events if e.kind is EventKind.STARTED]
+        snapshot = scrub_snapshot(
+            [self.workers[name].snapshot() for e in started for name in e.workers or []]
+        )
+        # A row created here (a store attached late) is created whole, snapshot included.
+        workflow = _workflow_row(result, self.tenant, snapshot)
+        writes = [self._for_event(result, event, workflow, secrets) for event in events]
+        writes.append(self._events(result, list(events), secrets))
+        sql = self._sql
 
         def write(conn: Connection) -> None:
+            conn.execute(sql.ensure_workflow, workflow)
             for each in writes:
                 each(conn)
 
         return write
 
-    def _for_event(self, result: WorkflowRecord, event: MachineEvent) -> Write:
+    def _for_event(
+        self, result: WorkflowRecord, event: MachineEvent, workflow: Row, secrets: list[str]
+    ) -> Write:
+        workflow_id = workflow["id"]
         if event.kind is EventKind.STARTED:
-            snapshot = [self.workers[name].snapshot() for name in event.workers or []]
-            return self.started(result, snapshot)
+            return self._started(workflow_id, workflow["pool_snapshot"])
         subject = event_subject(result, event)
         if isinstance(subject, PlanOutcome):
-            return self.plan(result, subject)
+            calls = [subject.model_dump(mode="json")]
+            return lambda conn: self._merge_plans(conn, workflow_id, calls)
         if isinstance(subject, StepRecord):
             if event.kind is EventKind.STEP_STARTED:
-                return self.step_started(result, subject)
-            return self.step_finished(result, subject)
-        return self.finished(result)
+                row = _step_row(subject, secrets, status=StepStatus.RUNNING)
+                return lambda conn: self._start_step(conn, workflow_id, row)
+            row = _step_row(subject, secrets)
+            attempts = [_attempt_row(a, secrets) for a in subject.attempts]
+            return lambda conn: self._finish_step(conn, workflow_id, row, attempts)
+        return self._finished(result, secrets)
 
     def started(self, result: WorkflowRecord, pool_snapshot: list[dict[str, Any]]) -> Write:
+        """The workflow row with the pool it was offered (scrubbed of secrets), running."""
         workflow = _workflow_row(result, self.tenant, scrub_snapshot(pool_snapshot))
+        ensure_workflow = self._sql.ensure_workflow
+        mark_running = self._started(result.workflow_id, workflow["pool_snapshot"])
 
         def write(conn: Connection) -> None:
-            self._ensure_workflow(conn, workflow)
+            conn.execute(ensure_workflow, workflow)
+            mark_running(conn)
+
+        return write
+
+    def _started(self, workflow_id: uuid.UUID, pool_snapshot: list[dict[str, Any]]) -> Write:
+        def write(conn: Connection) -> None:
             # A submitted workflow waited as "queued": it runs now.
             conn.execute(
                 update(workflow_table)
-                .where(workflow_table.c.id == workflow["id"])
+                .where(workflow_table.c.id == workflow_id)
                 .where(workflow_table.c.status == WorkflowStatus.QUEUED.value)
-                .values(
-                    status=WorkflowStatus.RUNNING.value, pool_snapshot=workflow["pool_snapshot"]
-                )
+                .values(status=WorkflowStatus.RUNNING.value, pool_snapshot=pool_snapshot)
             )
 
         return write
 
-    def plan(self, result: WorkflowRecord, outcome: PlanOutcome) -> Write:
-        workflow = _workflow_row(result, self.tenant, [])
-        calls = [outcome.model_dump(mode="json")]
-        return lambda conn: self._merge_plans(conn, workflow, calls)
-
-    def step_started(self, result: WorkflowRecord, step: StepRecord) -> Write:
-        workflow = _workflow_row(result, self.tenant, [])
-        row = _step_row(step, secret_values(self.secret_env_names), status=StepStatus.RUNNING)
-        return lambda conn: self._start_step(conn, workflow, row)
-
-    def step_finished(self, result: WorkflowRecord, step: StepRecord) -> Write:
-        workflow = _workflow_row(result, self.tenant, [])
-        secrets = secret_values(self.secret_env_names)
-        row = _step_row(step, secrets)
-        attempts = [_attempt_row(a, secrets) for a in step.attempts]
-        return lambda conn: self._finish_step(conn, workflow, row, attempts)
-
-    def events(self, result: WorkflowRecord, events: list[MachineEvent]) -> Write:
+    def _events(
+        self, result: WorkflowRecord, events: list[MachineEvent], secrets: list[str]
+    ) -> Write:
         """The numbered events (plan, steps, outcome) clients stream; a replay adds nothing."""
-        workflow = _workflow_row(result, self.tenant, [])
-        secrets = secret_values(self.secret_env_names)
         rows = []
         for event in events:
             if event.sequence:
                 row = event_row(result, event)
                 # Payloads carry steps' and attempts' errors, which may quote a key.
                 row["payload"] = redact_strings(row["payload"], secrets)
-                rows.append({"workflow_id": workflow["id"], **row})
+                rows.append({"workflow_id": result.workflow_id, **row})
+        insert_events = self._sql.insert_events
 
         def write(conn: Connection) -> None:
-            self._ensure_workflow(conn, workflow)
             if rows:
-                stmt = self._insert(event_table).values(rows)
-                keys = ["workflow_id", "sequence"]
-                conn.execute(stmt.on_conflict_do_nothing(index_elements=keys))
+                conn.execute(insert_events, rows)
 
         return write
 
-    def finished(self, result: WorkflowRecord) -> Write:
+    def _finished(self, result: WorkflowRecord, secrets: list[str]) -> Write:
         """Also records plans and finished steps whose own events were missed."""
-        workflow = _workflow_row(result, self.tenant, [])
-        secrets = secret_values(self.secret_env_names)
+        workflow_id = result.workflow_id
         final = _final_workflow_values(result, secrets)
         calls = [o.model_dump(mode="json") for o in result.planner_calls]
         steps = [
@@ -284,12 +288,12 @@ class TraceWrites:
         ]
 
         def write(conn: Connection) -> None:
-            self._merge_plans(conn, workflow, calls)
+            self._merge_plans(conn, workflow_id, calls)
             for row, attempts in steps:
-                self._finish_step(conn, workflow, row, attempts)
+                self._finish_step(conn, workflow_id, row, attempts)
             conn.execute(
                 update(workflow_table)
-                .where(workflow_table.c.id == workflow["id"])
+                .where(workflow_table.c.id == workflow_id)
                 .where(
                     workflow_table.c.status.not_in([s.value for s in TERMINAL_WORKFLOW_STATUSES])
                 )
@@ -300,20 +304,10 @@ class TraceWrites:
 
     # -- SQL --------------------------------------------------------------------------------
 
-    def _insert(self, table: Table) -> postgresql.Insert | sqlite.Insert:
-        if self.dialect == "postgresql":
-            return postgresql.insert(table)
-        return sqlite.insert(table)
-
-    def _ensure_workflow(self, conn: Connection, workflow: Row) -> None:
-        stmt = self._insert(workflow_table).values(workflow)
-        conn.execute(stmt.on_conflict_do_nothing(index_elements=["id"]))
-
-    def _merge_plans(self, conn: Connection, workflow: Row, calls: list[Row]) -> None:
+    def _merge_plans(self, conn: Connection, workflow_id: uuid.UUID, calls: list[Row]) -> None:
         """Keep one planner call per round (the first one recorded) and the plan they imply."""
-        self._ensure_workflow(conn, workflow)
         table = workflow_table
-        query = select(table.c.planner_calls).where(table.c.id == workflow["id"])
+        query = select(table.c.planner_calls).where(table.c.id == workflow_id)
         current: list[Row] = conn.execute(query.with_for_update()).scalar_one()
         by_round = {call["round"]: call for call in current}
         for call in calls:
@@ -326,31 +320,60 @@ class TraceWrites:
             "plan": _executed_plan(merged),
             "plan_valid": bool(merged) and merged[0]["round"] == 0 and merged[0]["valid"],
         }
-        conn.execute(update(table).where(table.c.id == workflow["id"]).values(values))
+        conn.execute(update(table).where(table.c.id == workflow_id).values(values))
 
-    def _start_step(self, conn: Connection, workflow: Row, row: Row) -> None:
-        self._ensure_workflow(conn, workflow)
-        stmt = self._insert(step_table).values(id=uuid.uuid4(), workflow_id=workflow["id"], **row)
-        conn.execute(stmt.on_conflict_do_nothing(index_elements=["workflow_id", "index"]))
+    def _start_step(self, conn: Connection, workflow_id: uuid.UUID, row: Row) -> None:
+        conn.execute(self._sql.start_step, {"id": uuid.uuid4(), "workflow_id": workflow_id, **row})
 
-    def _finish_step(self, conn: Connection, workflow: Row, row: Row, attempts: list[Row]) -> None:
-        self._ensure_workflow(conn, workflow)
-        stmt = self._insert(step_table).values(id=uuid.uuid4(), workflow_id=workflow["id"], **row)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["workflow_id", "index"],
-            set_={name: stmt.excluded[name] for name in row if name != "index"},
-            where=step_table.c.status.not_in([s.value for s in TERMINAL_STEP_STATUSES]),
-        )
-        step_id = conn.execute(stmt.returning(step_table.c.id)).scalar_one_or_none()
+    def _finish_step(
+        self, conn: Connection, workflow_id: uuid.UUID, row: Row, attempts: list[Row]
+    ) -> None:
+        params = {"id": uuid.uuid4(), "workflow_id": workflow_id, **row}
+        step_id = conn.execute(self._sql.finish_step, params).scalar_one_or_none()
         if step_id is None:  # already final: a duplicate delivery
             return
-        for attempt in attempts:
-            insert = self._insert(attempt_table).values(id=uuid.uuid4(), step_id=step_id, **attempt)
-            conn.execute(insert.on_conflict_do_nothing(index_elements=["step_id", "number"]))
+        if attempts:
+            conn.execute(
+                self._sql.insert_attempts,
+                [{"id": uuid.uuid4(), "step_id": step_id, **a} for a in attempts],
+            )
+
+
+class _Statements:
+    """The trace's insert statements, built once per dialect: executed with each row's values
+    as parameters, so SQLAlchemy compiles each one once instead of rebuilding it per row."""
+
+    def __init__(self, dialect: str) -> None:
+        insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+        self.ensure_workflow = insert(workflow_table).on_conflict_do_nothing(index_elements=["id"])
+        self.insert_events = insert(event_table).on_conflict_do_nothing(
+            index_elements=["workflow_id", "sequence"]
+        )
+        self.start_step = insert(step_table).on_conflict_do_nothing(
+            index_elements=["workflow_id", "index"]
+        )
+        step = insert(step_table)
+        overwritten = [
+            c.name for c in step_table.columns if c.name not in {"id", "workflow_id", "index"}
+        ]
+        self.finish_step = step.on_conflict_do_update(
+            index_elements=["workflow_id", "index"],
+            set_={name: step.excluded[name] for name in overwritten},
+            where=step_table.c.status.not_in([s.value for s in TERMINAL_STEP_STATUSES]),
+        ).returning(step_table.c.id)
+        self.insert_attempts = insert(attempt_table).on_conflict_do_nothing(
+            index_elements=["step_id", "number"]
+        )
 
 
 class TraceStore:
     """Persists workflows as traces: the embedded runtime's observer of every workflow.
+
+    Writes go through a group commit: a workflow's progress (its plans and steps) is written
+    behind, so the workflow does not wait for a commit between its steps, while its outcome is
+    committed before ``observe`` returns, so the executor finishes a workflow only once its
+    answer is durable. ``on_stored`` callbacks hear, in order, of each delivery once it is
+    committed: ``(workflow id, last event sequence, final)``.
 
     ``tenant`` is written on every workflow this store creates (a WorkflowRecord has no tenant).
     The engine belongs to the caller, who disposes of it.
@@ -366,16 +389,42 @@ class TraceStore:
     ) -> None:
         """``secret_env_names``: variables whose values are blanked wherever they appear (the
         pool's key variables), besides every secret-looking variable."""
-        self._engine = engine
+        self.engine = engine
         self.writes = TraceWrites(
             engine.dialect.name, pool, tenant=tenant, secret_env_names=secret_env_names
         )
-        self._lock = asyncio.Lock()
+        self.commits = GroupCommit(engine)
+        self.on_stored: list[StoredListener] = []
 
     async def observe(self, workflow: WorkflowRecord, events: Sequence[MachineEvent]) -> None:
-        """One transaction per delivery: its rows are built here, on the event loop, before the
-        SQL runs in a thread (the executor keeps changing the records of parallel steps)."""
-        await self._write(self.writes.for_events(workflow, events))
+        """Queue the delivery's writes; wait for their commit only when the workflow ended.
+        Rows are built here, on the event loop (the executor keeps changing the records of
+        parallel steps)."""
+        if not events:
+            return
+        stored = self.commits.submit(self.writes.for_events(workflow, events))
+        last = max(event.sequence for event in events)
+        final = any(event.kind.final for event in events)
+        workflow_id = workflow.workflow_id
+        stored.add_done_callback(lambda done: self._announce(done, workflow_id, last, final))
+        if final:
+            await asyncio.shield(stored)
+
+    async def record(self, write: Write) -> bool:
+        """Run ``write`` in the next group commit and wait for it; whether it was committed."""
+        return await asyncio.shield(self.commits.submit(write))
+
+    async def flush(self) -> None:
+        """Wait until every write queued so far is committed (or has failed)."""
+        await self.commits.flush()
+
+    def _announce(
+        self, done: asyncio.Future[bool], workflow_id: uuid.UUID, last: int, final: bool
+    ) -> None:
+        if done.cancelled() or not done.result():
+            return  # nothing new is stored: readers would find nothing
+        for listener in self.on_stored:
+            listener(workflow_id, last, final)
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -385,7 +434,7 @@ class TraceStore:
         """The workflow, or None; with ``tenant`` also None when it belongs to another tenant."""
 
         def read() -> WorkflowRow | None:
-            with Session(self._engine) as session:
+            with Session(self.engine) as session:
                 row = session.get(WorkflowRow, workflow_id)
             return None if row is None or (tenant and row.tenant != tenant) else row
 
@@ -393,7 +442,7 @@ class TraceStore:
 
     async def list_steps(self, workflow_id: uuid.UUID) -> list[StepRow]:
         def read() -> list[StepRow]:
-            with Session(self._engine) as session:
+            with Session(self.engine) as session:
                 query = select(StepRow).where(col(StepRow.workflow_id) == workflow_id)
                 return list(session.exec(query.order_by(col(StepRow.index))).all())
 
@@ -401,16 +450,8 @@ class TraceStore:
 
     async def list_attempts(self, step_id: uuid.UUID) -> list[AttemptRow]:
         def read() -> list[AttemptRow]:
-            with Session(self._engine) as session:
+            with Session(self.engine) as session:
                 query = select(AttemptRow).where(col(AttemptRow.step_id) == step_id)
                 return list(session.exec(query.order_by(col(AttemptRow.number))).all())
 
         return await asyncio.to_thread(read)
-
-    async def _write(self, fn: Write) -> None:
-        def run() -> None:
-            with self._engine.begin() as conn:
-                fn(conn)
-
-        async with self._lock:
-            await asyncio.to_thread(run)

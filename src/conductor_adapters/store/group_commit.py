@@ -1,0 +1,103 @@
+"""Group commit: the writes that arrive while one transaction commits go in the next one.
+
+A workflow writes its trace in four or five deliveries; one transaction each (with SQLite's
+fsync per commit) made the commit, not the SQL, the cost of a workflow, and the cost grew with
+the number of workflows in flight. Here one task drains a FIFO of writes: each batch runs in
+one transaction in a thread, so N workflows in flight share commits instead of queueing for
+them, and writes stay in the order they were submitted. No timer: a write that arrives when
+nothing is committing starts at once.
+
+No library fits: SQLAlchemy has no write batching across callers, and the writes must run in
+submission order with one result per write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import InterfaceError, OperationalError
+
+logger = logging.getLogger(__name__)
+
+Write = Callable[[Connection], None]
+# Writes per transaction at most: a batch is bounded so one commit never holds a long one.
+MAX_BATCH = 256
+
+
+class GroupCommit:
+    """Submits writes; each future says whether its write was committed (failures are logged,
+    never raised: a trace write that fails must not fail the workflow that made it)."""
+
+    def __init__(self, engine: Engine, *, max_batch: int = MAX_BATCH) -> None:
+        self.engine = engine
+        self.max_batch = max_batch
+        self._pending: deque[tuple[Write, asyncio.Future[bool]]] = deque()
+        self._drain: asyncio.Task[None] | None = None
+        self._last: asyncio.Future[bool] | None = None
+
+    def submit(self, write: Write) -> asyncio.Future[bool]:
+        """Queue ``write``; the future is done once it is committed (True) or failed (False)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[bool] = loop.create_future()
+        self._pending.append((write, done))
+        self._last = done
+        if self._drain is None or self._drain.done():
+            self._drain = loop.create_task(self._run(), name="trace-group-commit")
+        return done
+
+    async def flush(self) -> None:
+        """Wait until every write submitted so far is committed (or has failed)."""
+        if self._last is not None:
+            await asyncio.shield(self._last)
+
+    async def _run(self) -> None:
+        while self._pending:
+            count = min(len(self._pending), self.max_batch)
+            batch = [self._pending.popleft() for _ in range(count)]
+            try:
+                results = await asyncio.to_thread(self._commit, [write for write, _ in batch])
+            except BaseException:
+                # Cancelled with the loop: what was taken is lost to this process, and said so.
+                for _, done in batch:
+                    if not done.done():
+                        done.set_result(False)
+                raise
+            for (_, done), committed in zip(batch, results, strict=True):
+                if not done.done():
+                    done.set_result(committed)
+
+    def _commit(self, writes: list[Write]) -> list[bool]:
+        try:
+            with self.engine.begin() as conn:
+                for write in writes:
+                    write(conn)
+            return [True] * len(writes)
+        except (OperationalError, InterfaceError) as exc:
+            # The database is unreachable or locked: one transaction per write would fail alike.
+            logger.error("trace writes failed (%d lost): %s", len(writes), _reason(exc))
+            return [False] * len(writes)
+        except Exception as exc:
+            if len(writes) == 1:
+                logger.error("trace write failed: %s", _reason(exc))
+                return [False]
+        # One write the database refused (bad data) must not take the others with it.
+        return [self._commit_one(write) for write in writes]
+
+    def _commit_one(self, write: Write) -> bool:
+        try:
+            with self.engine.begin() as conn:
+                write(conn)
+        except Exception as exc:
+            logger.error("trace write failed: %s", _reason(exc))
+            return False
+        return True
+
+
+def _reason(exc: BaseException) -> str:
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0] if lines else ''}"
