@@ -10,14 +10,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import Engine, select, update
+from sqlalchemy import Engine, RowMapping, bindparam, select, update
 
 from conductor.machine import FINAL_EVENT_KINDS
-from conductor.workflow import AttemptRecord, PlanOutcome
+from conductor.workflow import AttemptRecord
 from conductor_adapters.store.models import (
-    AttemptRow,
-    StepRow,
-    WorkflowRow,
     attempt_table,
     event_table,
     step_table,
@@ -35,80 +32,84 @@ def _owned(conn: Any, workflow_id: uuid.UUID, tenant: str) -> bool:
     return conn.execute(query).first() is not None
 
 
+# Built once: executed with parameters, each is compiled once.
+_WORKFLOW = select(workflow_table).where(
+    workflow_table.c.id == bindparam("workflow"), workflow_table.c.tenant == bindparam("tenant")
+)
+_STEPS = (
+    select(step_table)
+    .where(step_table.c.workflow_id == bindparam("workflow"))
+    .order_by(step_table.c.index)
+)
+_ATTEMPTS = (
+    select(attempt_table)
+    .where(attempt_table.c.step_id.in_(bindparam("steps", expanding=True)))
+    .order_by(attempt_table.c.number)
+)
+
+
 def load_workflow(engine: Engine, workflow_id: uuid.UUID, tenant: str) -> WorkflowView | None:
     with engine.connect() as conn:
-        query = select(workflow_table).where(
-            workflow_table.c.id == workflow_id, workflow_table.c.tenant == tenant
+        workflow = (
+            conn.execute(_WORKFLOW, {"workflow": workflow_id, "tenant": tenant})
+            .mappings()
+            .one_or_none()
         )
-        row = conn.execute(query).mappings().one_or_none()
-        if row is None:
+        if workflow is None:
             return None
-        workflow = WorkflowRow.model_validate(dict(row))
-        steps = [
-            StepRow.model_validate(dict(r))
-            for r in conn.execute(
-                select(step_table)
-                .where(step_table.c.workflow_id == workflow_id)
-                .order_by(step_table.c.index)
-            ).mappings()
-        ]
-        attempts: dict[uuid.UUID, list[AttemptRow]] = {}
+        steps = list(conn.execute(_STEPS, {"workflow": workflow_id}).mappings())
+        attempts: dict[uuid.UUID, list[RowMapping]] = {}
         if steps:
-            query = (
-                select(attempt_table)
-                .where(attempt_table.c.step_id.in_([s.id for s in steps]))
-                .order_by(attempt_table.c.number)
-            )
-            for r in conn.execute(query).mappings():
-                attempt = AttemptRow.model_validate(dict(r))
-                attempts.setdefault(attempt.step_id, []).append(attempt)
+            found = conn.execute(_ATTEMPTS, {"steps": [s["id"] for s in steps]}).mappings()
+            for attempt in found:
+                attempts.setdefault(attempt["step_id"], []).append(attempt)
     return _view(workflow, steps, attempts)
 
 
 def _view(
-    workflow: WorkflowRow, steps: list[StepRow], attempts: dict[uuid.UUID, list[AttemptRow]]
+    workflow: RowMapping, steps: list[RowMapping], attempts: dict[uuid.UUID, list[RowMapping]]
 ) -> WorkflowView:
+    """The view of the rows as read (the view's own validation checks them)."""
     return WorkflowView(
-        id=workflow.id,
-        status=workflow.status,
-        variant=workflow.variant,
-        question=workflow.question,
-        metadata=workflow.labels,
-        plan_valid=workflow.plan_valid,
-        planner_calls=[PlanOutcome.model_validate(c) for c in workflow.planner_calls],
-        steps=[_step_view(s, attempts.get(s.id, [])) for s in steps],
-        answer=workflow.answer,
-        error=workflow.error,
-        usage=UsageView(**_usage(workflow), total_tokens=workflow.total_tokens),
-        cost_usd=workflow.cost_usd,
-        latency_ms=workflow.latency_ms,
-        feedback=workflow.feedback,
-        created_at=workflow.created_at,
-        finished_at=workflow.finished_at,
+        id=workflow["id"],
+        status=workflow["status"],
+        variant=workflow["variant"],
+        question=workflow["question"],
+        metadata=workflow["labels"],
+        plan_valid=workflow["plan_valid"],
+        planner_calls=workflow["planner_calls"],
+        steps=[_step_view(s, attempts.get(s["id"], [])) for s in steps],
+        answer=workflow["answer"],
+        error=workflow["error"],
+        usage=UsageView(**_usage(workflow), total_tokens=workflow["total_tokens"]),
+        cost_usd=workflow["cost_usd"],
+        latency_ms=workflow["latency_ms"],
+        feedback=workflow["feedback"],
+        created_at=workflow["created_at"],
+        finished_at=workflow["finished_at"],
     )
 
 
-def _usage(row: WorkflowRow | StepRow | AttemptRow) -> dict[str, int]:
-    return {
-        "prompt_tokens": row.prompt_tokens,
-        "completion_tokens": row.completion_tokens,
-        "cached_tokens": row.cached_tokens,
-        "reasoning_tokens": row.reasoning_tokens,
-    }
+_USAGE = ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens")
 
 
-def _step_view(step: StepRow, attempts: list[AttemptRow]) -> StepView:
-    data = step.model_dump(exclude={"id", "workflow_id", "total_tokens", *_usage(step)})
+def _usage(row: RowMapping) -> dict[str, int]:
+    return {name: row[name] for name in _USAGE}
+
+
+def _fields(row: RowMapping, excluded: set[str]) -> dict[str, Any]:
+    return {name: value for name, value in row.items() if name not in excluded}
+
+
+_NOT_IN_STEP_VIEW = {"id", "workflow_id", "total_tokens", *_USAGE}
+_NOT_IN_ATTEMPT = {"id", "step_id", *_USAGE}
+
+
+def _step_view(step: RowMapping, attempts: list[RowMapping]) -> StepView:
     return StepView(
-        **data,
+        **_fields(step, _NOT_IN_STEP_VIEW),
         usage=_usage(step),
-        attempts=[
-            AttemptRecord(
-                **a.model_dump(exclude={"id", "step_id", *_usage(a)}),
-                usage=_usage(a),
-            )
-            for a in attempts
-        ],
+        attempts=[AttemptRecord(**_fields(a, _NOT_IN_ATTEMPT), usage=_usage(a)) for a in attempts],
     )
 
 

@@ -125,6 +125,47 @@ class WorkflowRow(DbModel, table=True):
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
 
 
+def new_workflow_values(
+    workflow_id: uuid.UUID,
+    *,
+    tenant: str,
+    variant: str,
+    question: str,
+    status: str,
+    created_at: datetime | None,
+    labels: dict[str, str] | None = None,
+    runner_id: str | None = None,
+    pool_snapshot: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Every column of a new workflow row, for Core inserts (they skip the model's defaults,
+    and building the model costs more than the insert)."""
+    return {
+        "id": workflow_id,
+        "tenant": tenant,
+        "runner_id": runner_id,
+        "variant": variant,
+        "question": question,
+        "status": status,
+        "pool_snapshot": pool_snapshot or [],
+        "planner_calls": [],
+        "plan": [],
+        "plan_valid": False,
+        "answer": None,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "cached_tokens": 0,
+        "reasoning_tokens": 0,
+        "total_tokens": 0,
+        "cost_usd": 0.0,
+        "latency_ms": 0.0,
+        "feedback": None,
+        "error": None,
+        "labels": labels or {},
+        "created_at": created_at or _utcnow(),
+        "finished_at": None,
+    }
+
+
 class StepRow(DbModel, table=True):
     """One step of a workflow; ``index`` is global across recursion rounds.
 

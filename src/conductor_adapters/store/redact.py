@@ -8,6 +8,7 @@ that echoes the key).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable
@@ -23,9 +24,15 @@ _SECRET_KEY = re.compile(
 _SECRET_ENV_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
 
+@functools.lru_cache(maxsize=4096)
+def _looks_secret(env_name: str) -> bool:
+    return _SECRET_ENV_NAME.search(env_name) is not None
+
+
 def secret_values(env_names: Iterable[str] = ()) -> list[str]:
-    """Values of secret-looking environment variables, plus those named in ``env_names``."""
-    names = {name for name in os.environ if _SECRET_ENV_NAME.search(name)} | set(env_names)
+    """Values of secret-looking environment variables, plus those named in ``env_names``.
+    Read from the environment on every call: a key set later is still blanked."""
+    names = {name for name in os.environ if _looks_secret(name)} | set(env_names)
     values = {os.environ.get(name, "") for name in names}
     return sorted((v for v in values if len(v) >= 8), key=len, reverse=True)
 

@@ -16,14 +16,13 @@ from typing import Any
 from celery import Celery
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from sqlalchemy import Connection, Engine, Select, insert, select, update
-from sqlmodel import Session
 
 from conductor.machine import WorkflowMachine, WorkflowState, utcnow
 from conductor.messaging import AGGREGATOR_QUEUE, START_WORKFLOW_TASK
 from conductor.orchestration import check_question
 from conductor.variants import Variant
 from conductor.workflow import WorkflowStatus
-from conductor_adapters.store.models import WorkflowRow, run_table, workflow_table
+from conductor_adapters.store.models import new_workflow_values, run_table, workflow_table
 
 START_GRACE_S = 30.0  # a queued workflow not started by then has its start message sent again
 
@@ -68,6 +67,9 @@ def submit_workflow(
     return workflow_id
 
 
+_INSERT_WORKFLOW = insert(workflow_table)  # built once, compiled once
+
+
 def record_workflow(
     conn: Connection,
     request: SubmitRequest,
@@ -78,20 +80,17 @@ def record_workflow(
 ) -> None:
     """The workflow's trace row, "queued", with its tenant and labels (both modes); in the
     embedded runtime, with the runner that runs it."""
-    with Session(bind=conn) as session:
-        session.add(
-            WorkflowRow(
-                id=workflow_id,
-                tenant=request.tenant,
-                variant=request.variant.name,
-                question=request.question,
-                status=WorkflowStatus.QUEUED.value,
-                labels=request.metadata,
-                runner_id=runner_id,
-                created_at=now,
-            )
-        )
-        session.flush()
+    row = new_workflow_values(
+        workflow_id,
+        tenant=request.tenant,
+        variant=request.variant.name,
+        question=request.question,
+        status=WorkflowStatus.QUEUED.value,
+        created_at=now,
+        labels=request.metadata,
+        runner_id=runner_id,
+    )
+    conn.execute(_INSERT_WORKFLOW, row)
 
 
 def record_submission(

@@ -2,8 +2,9 @@
 
 Writes are idempotent so that redelivered events (Celery ``acks_late``, a resumed aggregator)
 are harmless: rows are inserted with ON CONFLICT DO NOTHING, and a step or workflow that has
-reached a terminal status is never written again (the first final write wins). Any event
-creates the workflow row if it is missing, so a store attached late still keeps a trace.
+reached a terminal status is never written again (the first final write wins). A workflow's
+start and its outcome create its row if it is missing, and the outcome records every plan and
+finished step, so a store attached late still keeps a whole trace.
 
 Row values are built on the event loop before the SQL runs in a thread, because the executor
 keeps mutating the records of parallel steps while a write is in flight.
@@ -17,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, update
+from sqlalchemy import BindParameter, Connection, Engine, bindparam, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
@@ -40,6 +41,7 @@ from conductor_adapters.store.models import (
     WorkflowRow,
     attempt_table,
     event_table,
+    new_workflow_values,
     step_table,
     workflow_table,
 )
@@ -61,29 +63,30 @@ def _aware(value: datetime | None) -> datetime | None:
 
 
 def _workflow_row(result: WorkflowRecord, tenant: str, snapshot: list[dict[str, Any]]) -> Row:
-    return {
-        "id": result.workflow_id,
-        "tenant": tenant,
-        "variant": result.variant,
-        "question": result.question,
-        "status": WorkflowStatus.RUNNING.value,
-        "pool_snapshot": snapshot,
-        "planner_calls": [],
-        "plan": [],
-        "plan_valid": False,
-        "answer": None,
-        "prompt_tokens": 0,
-        "completion_tokens": 0,
-        "cached_tokens": 0,
-        "reasoning_tokens": 0,
-        "total_tokens": 0,
-        "cost_usd": 0.0,
-        "latency_ms": 0.0,
-        "feedback": None,
-        "error": None,
-        "created_at": _aware(result.created_at),
-        "finished_at": None,
-    }
+    return new_workflow_values(
+        result.workflow_id,
+        tenant=tenant,
+        variant=result.variant,
+        question=result.question,
+        status=WorkflowStatus.RUNNING.value,
+        created_at=_aware(result.created_at),
+        pool_snapshot=snapshot,
+    )
+
+
+FINAL_WORKFLOW_COLUMNS = (
+    "status",
+    "answer",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
+    "total_tokens",
+    "cost_usd",
+    "latency_ms",
+    "error",
+    "finished_at",
+)
 
 
 def _final_workflow_values(result: WorkflowRecord, secrets: list[str]) -> Row:
@@ -203,19 +206,33 @@ class TraceWrites:
         )
         # A row created here (a store attached late) is created whole, snapshot included.
         workflow = _workflow_row(result, self.tenant, snapshot)
-        writes = [self._for_event(result, event, workflow, secrets) for event in events]
+        # Steps finished in this delivery are written by their own event, not again by the
+        # outcome's.
+        finished_here = {e.step for e in events if e.kind is EventKind.STEP_FINISHED}
+        writes = [
+            self._for_event(result, event, workflow, secrets, finished_here) for event in events
+        ]
         writes.append(self._events(result, list(events), secrets))
+        # The start and the outcome create a missing workflow row: every workflow starts, and
+        # the outcome records everything, so a store attached late still keeps a whole trace.
+        ensure = bool(started) or any(e.kind.final for e in events)
         sql = self._sql
 
         def write(conn: Connection) -> None:
-            conn.execute(sql.ensure_workflow, workflow)
+            if ensure:
+                conn.execute(sql.ensure_workflow, workflow)
             for each in writes:
                 each(conn)
 
         return write
 
     def _for_event(
-        self, result: WorkflowRecord, event: MachineEvent, workflow: Row, secrets: list[str]
+        self,
+        result: WorkflowRecord,
+        event: MachineEvent,
+        workflow: Row,
+        secrets: list[str],
+        finished_here: set[int | None],
     ) -> Write:
         workflow_id = workflow["id"]
         if event.kind is EventKind.STARTED:
@@ -231,7 +248,7 @@ class TraceWrites:
             row = _step_row(subject, secrets)
             attempts = [_attempt_row(a, secrets) for a in subject.attempts]
             return lambda conn: self._finish_step(conn, workflow_id, row, attempts)
-        return self._finished(result, secrets)
+        return self._finished(result, secrets, finished_here)
 
     def started(self, result: WorkflowRecord, pool_snapshot: list[dict[str, Any]]) -> Write:
         """The workflow row with the pool it was offered (scrubbed of secrets), running."""
@@ -246,14 +263,11 @@ class TraceWrites:
         return write
 
     def _started(self, workflow_id: uuid.UUID, pool_snapshot: list[dict[str, Any]]) -> Write:
+        sql = self._sql
+
         def write(conn: Connection) -> None:
             # A submitted workflow waited as "queued": it runs now.
-            conn.execute(
-                update(workflow_table)
-                .where(workflow_table.c.id == workflow_id)
-                .where(workflow_table.c.status == WorkflowStatus.QUEUED.value)
-                .values(status=WorkflowStatus.RUNNING.value, pool_snapshot=pool_snapshot)
-            )
+            conn.execute(sql.mark_running, {"workflow": workflow_id, "snapshot": pool_snapshot})
 
         return write
 
@@ -276,29 +290,26 @@ class TraceWrites:
 
         return write
 
-    def _finished(self, result: WorkflowRecord, secrets: list[str]) -> Write:
-        """Also records plans and finished steps whose own events were missed."""
+    def _finished(
+        self, result: WorkflowRecord, secrets: list[str], skipped_steps: set[int | None]
+    ) -> Write:
+        """Also records plans and finished steps whose own events were missed (but not the
+        ``skipped_steps``, written beside it)."""
         workflow_id = result.workflow_id
         final = _final_workflow_values(result, secrets)
         calls = [o.model_dump(mode="json") for o in result.planner_calls]
         steps = [
             (_step_row(s, secrets), [_attempt_row(a, secrets) for a in s.attempts])
             for s in result.steps
-            if s.status.terminal
+            if s.status.terminal and s.index not in skipped_steps
         ]
+        finish_workflow = self._sql.finish_workflow
 
         def write(conn: Connection) -> None:
             self._merge_plans(conn, workflow_id, calls)
             for row, attempts in steps:
                 self._finish_step(conn, workflow_id, row, attempts)
-            conn.execute(
-                update(workflow_table)
-                .where(workflow_table.c.id == workflow_id)
-                .where(
-                    workflow_table.c.status.not_in([s.value for s in TERMINAL_WORKFLOW_STATUSES])
-                )
-                .values(final)
-            )
+            conn.execute(finish_workflow, {"workflow": workflow_id, **_new(final)})
 
         return write
 
@@ -306,9 +317,9 @@ class TraceWrites:
 
     def _merge_plans(self, conn: Connection, workflow_id: uuid.UUID, calls: list[Row]) -> None:
         """Keep one planner call per round (the first one recorded) and the plan they imply."""
-        table = workflow_table
-        query = select(table.c.planner_calls).where(table.c.id == workflow_id)
-        current: list[Row] = conn.execute(query.with_for_update()).scalar_one()
+        current: list[Row] = conn.execute(
+            self._sql.planner_calls, {"workflow": workflow_id}
+        ).scalar_one()
         by_round = {call["round"]: call for call in current}
         for call in calls:
             by_round.setdefault(call["round"], call)
@@ -320,7 +331,7 @@ class TraceWrites:
             "plan": _executed_plan(merged),
             "plan_valid": bool(merged) and merged[0]["round"] == 0 and merged[0]["valid"],
         }
-        conn.execute(update(table).where(table.c.id == workflow_id).values(values))
+        conn.execute(self._sql.set_plans, {"workflow": workflow_id, **_new(values)})
 
     def _start_step(self, conn: Connection, workflow_id: uuid.UUID, row: Row) -> None:
         conn.execute(self._sql.start_step, {"id": uuid.uuid4(), "workflow_id": workflow_id, **row})
@@ -339,11 +350,43 @@ class TraceWrites:
             )
 
 
+def _new(values: Row) -> Row:
+    """The parameters of ``_setting``'s SET clauses."""
+    return {f"new_{name}": value for name, value in values.items()}
+
+
+def _setting(columns: Iterable[str]) -> dict[str, BindParameter[Any]]:
+    """SET clauses from parameters named after their columns; an UPDATE's parameter may not
+    bear its column's name, hence the prefix."""
+    return {name: bindparam(f"new_{name}") for name in columns}
+
+
 class _Statements:
-    """The trace's insert statements, built once per dialect: executed with each row's values
-    as parameters, so SQLAlchemy compiles each one once instead of rebuilding it per row."""
+    """The trace's statements, built once per dialect: executed with each row's values as
+    parameters, so SQLAlchemy compiles each one once instead of rebuilding it per row.
+    ``workflow`` is the workflow id parameter of every update."""
 
     def __init__(self, dialect: str) -> None:
+        this_workflow = workflow_table.c.id == bindparam("workflow")
+        self.mark_running = (
+            update(workflow_table)
+            .where(this_workflow, workflow_table.c.status == WorkflowStatus.QUEUED.value)
+            .values(status=WorkflowStatus.RUNNING.value, pool_snapshot=bindparam("snapshot"))
+        )
+        self.planner_calls = (
+            select(workflow_table.c.planner_calls).where(this_workflow).with_for_update()
+        )
+        self.set_plans = (
+            update(workflow_table)
+            .where(this_workflow)
+            .values(_setting(["planner_calls", "plan", "plan_valid"]))
+        )
+        self.finish_workflow = (
+            update(workflow_table)
+            .where(this_workflow)
+            .where(workflow_table.c.status.not_in([s.value for s in TERMINAL_WORKFLOW_STATUSES]))
+            .values(_setting(FINAL_WORKFLOW_COLUMNS))
+        )
         insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
         self.ensure_workflow = insert(workflow_table).on_conflict_do_nothing(index_elements=["id"])
         self.insert_events = insert(event_table).on_conflict_do_nothing(
