@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import conductor
 from conductor_api import chat, jobs
 from conductor_api.errors import error_body, install_error_handlers
-from conductor_api.metrics import ApiMetrics
+from conductor_api.metrics import ApiMetrics, MetricsMiddleware
 from conductor_api.schemas import ErrorResponse
 from conductor_api.service import WorkflowService
 
@@ -136,7 +136,7 @@ def create_app(service: WorkflowService, *, open_access: bool = False) -> FastAP
     app.include_router(chat.router)
     app.include_router(jobs.router)
 
-    app.middleware("http")(metrics.middleware)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
 
     @app.get("/healthz", tags=["Operations"])
     async def healthz() -> dict[str, str]:
