@@ -1,38 +1,49 @@
-"""What orchestrating costs on top of the provider: `conductor serve` against fake upstreams.
+"""What orchestrating costs on top of the provider, embedded and distributed, against fake
+upstreams and against LiteLLM's proxy doing the same pass-through job.
 
 A fake OpenAI-compatible provider that answers at once, another that answers in one second, and
 a fake Conductor (its plans: N chained steps on Model 0, N named in the question) each run in a
-process of their own, and so does `conductor serve` (embedded runtime, SQLite). Requests come
-from one asyncio client (httpx) in this process:
+process of their own. Requests come from one asyncio client (httpx) in this process. Targets,
+each started only for its own runs:
 
 - direct: straight to the instant provider (the floor);
-- pass-through: Chat Completions with a worker as the model;
-- one-step and three-step workflows: Chat Completions with the variant as the model.
+- litellm (with ``--litellm-venv``): LiteLLM's proxy, one worker, in its own virtual
+  environment, passing calls through to the same providers;
+- serve: ``conductor serve`` (embedded runtime, SQLite);
+- distributed: ``conductor api`` with the planner, one aggregator and one gateway
+  (``conductor_cli.local_stack``), Redis broker, PostgreSQL, all on this machine.
 
-Each path is measured sequentially (latency p50/p95/p99) and with 50 requests in flight
-(throughput), and the server's CPU (user + system, read from /proc) is divided by the requests
-it served. Then 500 one-step workflows and 500 pass-through calls on the one-second provider are
-sent all at once: the wall time, against the one second a provider would take.
+Paths: pass-through (Chat Completions with a worker as the model), one-step and three-step
+workflows (the variant as the model). Each is measured sequentially (latency p50/p95/p99) and
+with 50 requests in flight (throughput); the server's CPU (user + system of its processes and
+their children, from /proc) is divided by the requests it served. Then 500 calls of the
+one-second provider all at once (the wall time, against the one second a provider takes), and
+distributed pass-through kept at 50 in flight for 60 s (its p99 against its p50).
 
     python benchmarks/orchestration_overhead.py [--sequential 200] [--requests 500]
-        [--in-flight 50] [--burst 500] [--out out/orchestration]
+        [--in-flight 50] [--burst 500] [--sustain 60] [--litellm-venv PATH]
+        [--postgres URL] [--redis URL] [--only serve,distributed,...] [--out out/orchestration]
 
-Prints a table; writes ``results.json`` and, with matplotlib, ``overhead.png`` under --out.
-Not measured here yet: the distributed runtime and LiteLLM's proxy.
+Needs PostgreSQL and Redis for the distributed target (a database and a key prefix of its own,
+removed afterwards). Prints a table; writes ``results.json`` and, with matplotlib,
+``overhead.png`` under --out.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,20 +53,25 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import httpx  # noqa: E402
 import yaml  # noqa: E402
+from sqlalchemy import text  # noqa: E402
 
 from conductor_adapters.http_wire import ShardedTransport  # noqa: E402
-from conductor_cli.local_stack import ServiceProcess  # noqa: E402
+from conductor_adapters.store.db import make_engine, upgrade  # noqa: E402
+from conductor_adapters.store.keys import create_key  # noqa: E402
+from conductor_cli.local_stack import LocalStack, ServiceProcess  # noqa: E402
 
 from fakes.api_process import announced_addresses, start_api_role  # noqa: E402
+from fakes.http_server import free_port  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 QUESTION = "What is 6 * 7?"
+TARGETS = ("direct", "litellm", "serve", "distributed")
 
 
 @dataclass
 class Phase:
     path: str
-    mode: str  # sequential | in-flight | burst
+    mode: str  # sequential | in-flight | burst | sustained
     requests: int
     concurrency: int
     wall_s: float
@@ -83,6 +99,28 @@ class Phase:
         return row
 
 
+@dataclass
+class Target:
+    """A server under test: where its Chat Completions are, the processes whose CPU it uses,
+    and the headers a client sends it."""
+
+    name: str
+    completions_url: str
+    pids: list[int]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Upstreams:
+    instant: FakeUpstream
+    slow: FakeUpstream
+    planner: FakeUpstream
+
+    def stop(self) -> None:
+        for upstream in (self.instant, self.slow, self.planner):
+            upstream.stop()
+
+
 class FakeUpstream:
     """``python -m fakes.serve openai`` in its own process; its base URL once it listens."""
 
@@ -105,15 +143,31 @@ class FakeUpstream:
         self.process.wait(timeout=10)
 
 
-def server_cpu_s(pid: int) -> float:
-    """User plus system CPU seconds the process has used (fields 14 and 15 of its stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+def process_tree_cpu_s(pids: list[int]) -> float:
+    """User plus system CPU seconds used by ``pids`` and every descendant alive now, plus what
+    their reaped children used (fields 14 to 17 of /proc/PID/stat)."""
+    parents: dict[int, int] = {}
+    times: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        times[pid] = sum(int(f) for f in fields[11:15])
+    wanted = set(pids)
+    grew = True
+    while grew:
+        children = {pid for pid, parent in parents.items() if parent in wanted} - wanted
+        wanted |= children
+        grew = bool(children)
+    return sum(times.get(pid, 0) for pid in wanted) / CLOCK_TICKS
 
 
-def start_serve(
-    directory: Path, instant: FakeUpstream, slow: FakeUpstream, planner: FakeUpstream
-) -> tuple[ServiceProcess, str]:
+def pool_file(directory: Path, upstreams: Upstreams) -> Path:
     pool = {
         "workers": {
             name: {
@@ -123,21 +177,162 @@ def start_serve(
                 "price": {"input": 1.0, "output": 2.0},
                 "max_tokens": 16,
             }
-            for name, upstream in (("fast", instant), ("slow", slow))
+            for name, upstream in (("fast", upstreams.instant), ("slow", upstreams.slow))
         }
     }
-    pool_file = directory / "pool.yaml"
-    pool_file.write_text(yaml.safe_dump(pool, sort_keys=False))
-    env = {
-        "CONDUCTOR_DATABASE_URL": f"sqlite:///{directory / 'conductor.db'}",
-        "CONDUCTOR_POOL_FILE": str(pool_file),
+    path = directory / "pool.yaml"
+    path.write_text(yaml.safe_dump(pool, sort_keys=False))
+    return path
+
+
+def planner_env(directory: Path, upstreams: Upstreams) -> dict[str, str]:
+    return {
+        "CONDUCTOR_POOL_FILE": str(pool_file(directory, upstreams)),
         "CONDUCTOR_PLANNER_BACKEND": "openai",
-        "CONDUCTOR_PLANNER_BASE_URL": planner.base_url,
+        "CONDUCTOR_PLANNER_BASE_URL": upstreams.planner.base_url,
         "CONDUCTOR_PLANNER_MODEL": "fake-conductor",
     }
+
+
+@contextlib.contextmanager
+def serve_target(directory: Path, upstreams: Upstreams) -> Iterator[Target]:
+    env = {
+        **planner_env(directory, upstreams),
+        "CONDUCTOR_DATABASE_URL": f"sqlite:///{directory / 'conductor.db'}",
+    }
     serve = start_api_role("serve", directory / "serve.log", env)
-    url, _ = announced_addresses(serve)
-    return serve, url
+    try:
+        url, _ = announced_addresses(serve)
+        assert serve.process is not None
+        yield Target("serve", f"{url}/v1/chat/completions", [serve.process.pid])
+    finally:
+        serve.stop()
+
+
+@contextlib.contextmanager
+def scratch_database(server_url: str) -> Iterator[str]:
+    """A database of its own on the PostgreSQL server, migrated, dropped afterwards."""
+    name = f"conductor_bench_{uuid.uuid4().hex[:12]}"
+    admin = make_engine(server_url).execution_options(isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = admin.url.set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@contextlib.contextmanager
+def distributed_target(
+    directory: Path, upstreams: Upstreams, postgres_url: str, redis_url: str
+) -> Iterator[Target]:
+    """``conductor api`` and the stack (planner, one aggregator, one gateway) on the Redis
+    broker and PostgreSQL, with an API key of their own."""
+    prefix = f"conductor-bench-{uuid.uuid4().hex[:8]}:"
+    with scratch_database(postgres_url) as database_url:
+        engine = make_engine(database_url)
+        secret = create_key(engine, "bench").secret
+        engine.dispose()
+        env = {
+            **planner_env(directory, upstreams),
+            "CONDUCTOR_DATABASE_URL": database_url,
+            "CONDUCTOR_BROKER_URL": redis_url,
+            "CONDUCTOR_REDIS_URL": redis_url,
+            "CONDUCTOR_REDIS_PREFIX": prefix,
+        }
+        stack = LocalStack(directory / "logs", env, planner_port=free_port())
+        processes: list[ServiceProcess] = []
+        try:
+            stack.start()
+            processes += stack.processes
+            api = start_api_role("api", directory / "api.log", stack.env)
+            processes.append(api)
+            url, _ = announced_addresses(api)
+            pids = [p.process.pid for p in processes if p.process is not None]
+            headers = {"Authorization": f"Bearer {secret}"}
+            yield Target("distributed", f"{url}/v1/chat/completions", pids, headers)
+        finally:
+            for process in reversed(processes):
+                process.stop()
+            stack.stop()
+            _forget_redis_keys(redis_url, prefix)
+
+
+def _forget_redis_keys(redis_url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for key in client.scan_iter(match=f"{prefix}*", count=1000):
+            client.delete(key)
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def litellm_target(directory: Path, upstreams: Upstreams, venv: Path) -> Iterator[Target]:
+    """LiteLLM's proxy (one worker) from its own virtual environment, routing the two workers
+    to the same fake providers; no database, callbacks or network lookups."""
+    config = {
+        "model_list": [
+            {
+                "model_name": name,
+                "litellm_params": {
+                    "model": f"openai/{name}",
+                    "api_base": upstream.base_url,
+                    "api_key": "fake-key",
+                },
+            }
+            for name, upstream in (("fast", upstreams.instant), ("slow", upstreams.slow))
+        ],
+        "litellm_settings": {"telemetry": False, "drop_params": True},
+    }
+    config_path = directory / "litellm.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    port = free_port()
+    env = {**os.environ, **LITELLM_ENV}
+    env.pop("DATABASE_URL", None)
+    log = (directory / "litellm.log").open("w")
+    command = [str(venv / "bin" / "litellm"), "--config", str(config_path)]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"]
+    proxy = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_ready(f"{base}/health/liveliness", proxy, directory / "litellm.log")
+        yield Target("litellm", f"{base}/v1/chat/completions", [proxy.pid])
+    finally:
+        proxy.terminate()
+        try:
+            proxy.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proxy.kill()
+        log.close()
+
+
+# Offline and lean: the bundled model cost map, no telemetry, quiet logs.
+LITELLM_ENV = {
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "LITELLM_TELEMETRY": "False",
+    "LITELLM_LOG": "ERROR",
+}
+
+
+def _wait_ready(
+    url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 120
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args!r} exited:\n{log.read_text()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not ready within {timeout_s:g} s:\n{log.read_text()[-3000:]}")
 
 
 def chat_body(model: str, question: str, pool: list[str] | None = None) -> dict[str, Any]:
@@ -147,106 +342,95 @@ def chat_body(model: str, question: str, pool: list[str] | None = None) -> dict[
     return body
 
 
+def workflow_body(steps: int, worker: str) -> dict[str, Any]:
+    return chat_body("conductor-ultra", f"[{steps} steps] {QUESTION}", [worker])
+
+
 async def measure(
     client: httpx.AsyncClient,
+    target: Target,
     path: str,
     mode: str,
-    url: str,
     body: dict[str, Any],
     *,
-    requests: int,
     concurrency: int,
-    server_pid: int | None,
+    requests: int = 0,
+    duration_s: float = 0.0,
 ) -> Phase:
+    """``requests`` calls, or as many as ``duration_s`` allows, ``concurrency`` at a time."""
     latencies: list[float] = []
     failures = 0
-    gate = asyncio.Semaphore(concurrency)
+    deadline = time.perf_counter() + duration_s
+    remaining = requests
 
-    async def one() -> None:
-        nonlocal failures
-        async with gate:
+    async def sender() -> None:
+        nonlocal failures, remaining
+        while (remaining > 0) if not duration_s else (time.perf_counter() < deadline):
+            remaining -= 1
             started = time.perf_counter()
-            response = await client.post(url, json=body)
+            try:
+                response = await client.post(
+                    target.completions_url, json=body, headers=target.headers
+                )
+                ok = response.status_code == 200
+            except httpx.HTTPError:
+                ok = False
             latencies.append((time.perf_counter() - started) * 1000)
-            if response.status_code != 200:
-                failures += 1
+            failures += not ok
 
-    cpu_before = server_cpu_s(server_pid) if server_pid else 0.0
+    cpu_before = process_tree_cpu_s(target.pids) if target.pids else 0.0
     started = time.perf_counter()
-    await asyncio.gather(*(one() for _ in range(requests)))
+    await asyncio.gather(*(sender() for _ in range(concurrency)))
     wall = time.perf_counter() - started
-    cpu = (server_cpu_s(server_pid) - cpu_before) if server_pid else 0.0
+    cpu = (process_tree_cpu_s(target.pids) - cpu_before) if target.pids else 0.0
+    served = len(latencies)
     return Phase(
-        path=path,
+        path=f"{target.name}: {path}",
         mode=mode,
-        requests=requests,
+        requests=served,
         concurrency=concurrency,
         wall_s=round(wall, 3),
         latencies_ms=latencies,
-        server_cpu_ms_per_request=round(cpu * 1000 / requests, 2),
+        server_cpu_ms_per_request=round(cpu * 1000 / served, 2) if served else 0.0,
         failures=failures,
     )
 
 
-async def run(
-    options: argparse.Namespace, serve_url: str, direct_url: str, pid: int
+async def measure_target(
+    target: Target,
+    options: argparse.Namespace,
+    paths: list[tuple[str, dict[str, Any]]],
+    extra: list[tuple[str, str, dict[str, Any], int, float]],
 ) -> list[Phase]:
-    completions = f"{serve_url}/v1/chat/completions"
-    paths: list[tuple[str, str, dict[str, Any], int | None]] = [
-        ("direct", f"{direct_url}/chat/completions", chat_body("fast", QUESTION), None),
-        ("pass-through", completions, chat_body("fast", QUESTION), pid),
-        (
-            "one-step workflow",
-            completions,
-            chat_body("conductor-ultra", f"[1 steps] {QUESTION}", ["fast"]),
-            pid,
-        ),
-        (
-            "three-step workflow",
-            completions,
-            chat_body("conductor-ultra", f"[3 steps] {QUESTION}", ["fast"]),
-            pid,
-        ),
-    ]
-    slow_paths = [
-        ("pass-through, 1 s provider", chat_body("slow", QUESTION)),
-        (
-            "one-step workflow, 1 s provider",
-            chat_body("conductor-ultra", f"[1 steps] {QUESTION}", ["slow"]),
-        ),
-    ]
-    # (path, mode, url, body, requests, concurrency, server pid), in the order they run
-    runs = [
-        (name, mode, url, body, requests, concurrency, server_pid)
-        for name, url, body, server_pid in paths
-        for mode, requests, concurrency in (
-            ("sequential", options.sequential, 1),
-            ("in-flight", options.requests, options.in_flight),
-        )
-    ] + [
-        (name, "burst", completions, body, options.burst, options.burst, pid)
-        for name, body in slow_paths
-    ]
+    """Each path sequentially and in flight, then the ``extra`` runs
+    (path, mode, body, concurrency, seconds: 0 for ``concurrency`` calls once)."""
     phases: list[Phase] = []
-    warmed: set[str] = set()
     # The client spreads its connections over many pools, as the server's gateway does: with
     # one httpcore pool, the client spent 6 s of CPU on 500 calls in flight and was what
     # limited the bursts, not the server.
     async with httpx.AsyncClient(timeout=600, transport=ShardedTransport(32)) as client:
-        for name, mode, url, body, requests, concurrency, server_pid in runs:
-            if name not in warmed and mode != "burst":
-                for _ in range(5):  # warm-up: connections, caches, the first plan
-                    await client.post(url, json=body)
-                warmed.add(name)
+        for path, body in paths:
+            for _ in range(5):  # warm-up: connections, caches, the first plan
+                await client.post(target.completions_url, json=body, headers=target.headers)
+            for mode, requests, concurrency in (
+                ("sequential", options.sequential, 1),
+                ("in-flight", options.requests, options.in_flight),
+            ):
+                phase = await measure(
+                    client, target, path, mode, body, concurrency=concurrency, requests=requests
+                )
+                report(phase)
+                phases.append(phase)
+        for path, mode, body, concurrency, seconds in extra:
             phase = await measure(
                 client,
-                name,
+                target,
+                path,
                 mode,
-                url,
                 body,
-                requests=requests,
                 concurrency=concurrency,
-                server_pid=server_pid,
+                requests=0 if seconds else concurrency,
+                duration_s=seconds,
             )
             report(phase)
             phases.append(phase)
@@ -256,12 +440,67 @@ async def run(
 def report(phase: Phase) -> None:
     row = phase.summary()
     print(
-        f"{phase.path:32} {phase.mode:10} n={phase.requests:<4} c={phase.concurrency:<4} "
+        f"{phase.path:44} {phase.mode:10} n={phase.requests:<5} c={phase.concurrency:<4} "
         f"p50 {row['p50_ms']:8.2f} ms  p95 {row['p95_ms']:8.2f}  p99 {row['p99_ms']:8.2f}  "
         f"{row['per_second']:7.1f}/s  wall {phase.wall_s:6.2f} s  "
         f"server CPU {phase.server_cpu_ms_per_request:6.2f} ms/req  failures {phase.failures}",
         flush=True,
     )
+
+
+def run_all(options: argparse.Namespace, upstreams: Upstreams, tmp: Path) -> list[Phase]:
+    fast_pass = chat_body("fast", QUESTION)
+    slow_pass = chat_body("slow", QUESTION)
+    workflows = [
+        ("one-step workflow", workflow_body(1, "fast")),
+        ("three-step workflow", workflow_body(3, "fast")),
+    ]
+    burst = options.burst
+    phases: list[Phase] = []
+    if "direct" in options.only:
+        direct = Target("direct", f"{upstreams.instant.base_url}/chat/completions", [])
+        phases += asyncio.run(measure_target(direct, options, [("fast", fast_pass)], []))
+    if "litellm" in options.only and options.litellm_venv:
+        with litellm_target(tmp, upstreams, options.litellm_venv) as target:
+            phases += asyncio.run(
+                measure_target(
+                    target,
+                    options,
+                    [("pass-through", fast_pass)],
+                    [("pass-through, 1 s provider", "burst", slow_pass, burst, 0)],
+                )
+            )
+    if "serve" in options.only:
+        with serve_target(tmp, upstreams) as target:
+            phases += asyncio.run(
+                measure_target(
+                    target,
+                    options,
+                    [("pass-through", fast_pass), *workflows],
+                    [
+                        ("pass-through, 1 s provider", "burst", slow_pass, burst, 0),
+                        (
+                            "one-step workflow, 1 s provider",
+                            "burst",
+                            workflow_body(1, "slow"),
+                            burst,
+                            0,
+                        ),
+                    ],
+                )
+            )
+    if "distributed" in options.only:
+        with distributed_target(tmp, upstreams, options.postgres, options.redis) as target:
+            sustained = ("pass-through", "sustained", fast_pass, options.in_flight, options.sustain)
+            phases += asyncio.run(
+                measure_target(
+                    target,
+                    options,
+                    [("pass-through", fast_pass), *workflows],
+                    [sustained] if options.sustain else [],
+                )
+            )
+    return phases
 
 
 def write_chart(phases: list[Phase], out: Path) -> Path | None:
@@ -295,30 +534,42 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=500, help="requests of the loaded runs")
     parser.add_argument("--in-flight", type=int, default=50, help="concurrency of those")
     parser.add_argument("--burst", type=int, default=500, help="1-s calls sent all at once")
+    parser.add_argument(
+        "--sustain", type=float, default=60, help="seconds of distributed pass-through in flight"
+    )
+    parser.add_argument(
+        "--litellm-venv", type=Path, help="a virtual environment with litellm[proxy] installed"
+    )
+    parser.add_argument(
+        "--postgres",
+        default=os.environ.get(
+            "CONDUCTOR_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1/postgres"
+        ),
+        help="a PostgreSQL server where this user may create a database",
+    )
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/0", help="Redis: broker")
+    parser.add_argument(
+        "--only", default=",".join(TARGETS), help=f"targets to run, of {', '.join(TARGETS)}"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "orchestration")
     options = parser.parse_args()
+    options.only = set(options.only.split(","))
+    if unknown := options.only - set(TARGETS):
+        parser.error(f"unknown targets: {', '.join(sorted(unknown))}")
+    if options.litellm_venv and not (options.litellm_venv / "bin" / "litellm").exists():
+        parser.error(f"no litellm in {options.litellm_venv}: pip install 'litellm[proxy]' there")
     options.out.mkdir(parents=True, exist_ok=True)
+    print(f"{os.cpu_count()} CPUs; targets: {', '.join(t for t in TARGETS if t in options.only)}")
 
-    upstreams: list[FakeUpstream] = []
-    stops: list[Callable[[], None]] = []
+    upstreams = Upstreams(
+        FakeUpstream(), FakeUpstream("--latency", "1"), FakeUpstream("--responder", "plans")
+    )
+    tmp = Path(tempfile.mkdtemp(prefix="conductor-overhead-"))
     try:
-        instant = FakeUpstream()
-        slow = FakeUpstream("--latency", "1")
-        planner = FakeUpstream("--responder", "plans")
-        upstreams += [instant, slow, planner]
-        with tempfile.TemporaryDirectory(prefix="conductor-overhead-") as tmp:
-            serve, url = start_serve(Path(tmp), instant, slow, planner)
-            stops.append(serve.stop)
-            assert serve.process is not None
-            print(f"conductor serve at {url} (pid {serve.process.pid}); {os.cpu_count()} CPUs")
-            phases = asyncio.run(run(options, url, instant.base_url, serve.process.pid))
-            serve.stop()
-            stops.clear()
+        phases = run_all(options, upstreams, tmp)
     finally:
-        for stop in stops:
-            stop()
-        for upstream in upstreams:
-            upstream.stop()
+        upstreams.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
     results = {
         "cpus": os.cpu_count(),
