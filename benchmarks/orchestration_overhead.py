@@ -289,12 +289,23 @@ def litellm_target(directory: Path, upstreams: Upstreams, venv: Path) -> Iterato
             }
             for name, upstream in (("fast", upstreams.instant), ("slow", upstreams.slow))
         ],
-        "litellm_settings": {"telemetry": False, "drop_params": True},
+        "litellm_settings": {
+            "callbacks": [],
+            "success_callback": [],
+            "failure_callback": [],
+            "drop_params": True,
+        },
+        "general_settings": {
+            "disable_spend_logs": True,
+            "disable_error_logs": True,
+            "background_health_checks": False,
+        },
     }
     config_path = directory / "litellm.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     port = free_port()
-    env = {**os.environ, **LITELLM_ENV}
+    master_key = f"sk-bench-{uuid.uuid4().hex}"  # the proxy refuses to start without one
+    env = {**os.environ, **LITELLM_ENV, "LITELLM_MASTER_KEY": master_key}
     env.pop("DATABASE_URL", None)
     log = (directory / "litellm.log").open("w")
     command = [str(venv / "bin" / "litellm"), "--config", str(config_path)]
@@ -303,7 +314,8 @@ def litellm_target(directory: Path, upstreams: Upstreams, venv: Path) -> Iterato
     try:
         base = f"http://127.0.0.1:{port}"
         _wait_ready(f"{base}/health/liveliness", proxy, directory / "litellm.log")
-        yield Target("litellm", f"{base}/v1/chat/completions", [proxy.pid])
+        headers = {"Authorization": f"Bearer {master_key}"}
+        yield Target("litellm", f"{base}/v1/chat/completions", [proxy.pid], headers)
     finally:
         proxy.terminate()
         try:
@@ -313,11 +325,13 @@ def litellm_target(directory: Path, upstreams: Upstreams, venv: Path) -> Iterato
         log.close()
 
 
-# Offline and lean: the bundled model cost map, no telemetry, quiet logs.
+# Offline and lean: the bundled model cost map (else it is fetched from GitHub), quiet logs, no
+# .env file read from the working directory.
 LITELLM_ENV = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-    "LITELLM_TELEMETRY": "False",
     "LITELLM_LOG": "ERROR",
+    "LITELLM_MODE": "PRODUCTION",
+    "LITELLM_DONT_SHOW_FEEDBACK_BOX": "true",
 }
 
 

@@ -97,3 +97,45 @@ def test_a_waiting_completion_reads_the_database_no_more_for_waiting_longer(
     # fall into reads varies): the waiting request is woken by each stored
     # event (re-reading every second made 500 waiting requests spend most of the CPU on reads)
     assert slow <= quick + 1, (quick, slow)
+
+
+@pytest.mark.slow
+def test_a_reader_waiting_for_the_outcome_reads_the_events_once_when_all_are_announced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the embedded API, whose every stored event is announced, a worker answering in
+    # 0.5 s, and spies on the reads a waiting reader makes (the real reads run)
+    workers = [ScriptedWorker("quick", delay_s=0.5)]
+    api = LiveApi(lambda: scripted_service(f"sqlite:///{tmp_path / 'conductor.db'}", workers))
+    reads: list[str] = []
+    real_load_events, real_outcome_passed = (
+        service_module.load_events,
+        service_module.outcome_passed,
+    )
+
+    def load_events(*args: Any) -> Any:
+        reads.append("events")
+        return real_load_events(*args)
+
+    def outcome_passed(*args: Any) -> Any:
+        reads.append("outcome")
+        return real_outcome_passed(*args)
+
+    monkeypatch.setattr(service_module, "load_events", load_events)
+    monkeypatch.setattr(service_module, "outcome_passed", outcome_passed)
+    service = api.service
+
+    async def wait_for_a_workflow() -> None:
+        caller = service_module.Caller(tenant="acme")
+        submission = service.submission(caller, "What is 6 * 7?", pool=["quick"])
+        workflow_id = await service.submit(submission)
+        # The reader every runtime shares (the embedded one would await its own task)
+        await service_module.WorkflowService.wait_for_outcome(service, workflow_id, "acme")
+
+    try:
+        api.loop.run(wait_for_a_workflow())
+    finally:
+        api.close()
+    # Then it read the events once, and was woken by announcements for the rest (following
+    # every event re-read them after each announcement)
+    assert reads == ["events"]

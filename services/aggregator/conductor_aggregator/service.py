@@ -296,11 +296,14 @@ class Aggregator:
             return
         channel = events_channel(self.redis_prefix, workflow_id)
         try:
+            # One round trip for them all.
+            notices = self.redis.pipeline(transaction=False)
             for event in events:
                 notice = {"sequence": event.sequence, "kind": event.kind.value}
-                self.redis.publish(channel, json.dumps(notice))
+                notices.publish(channel, json.dumps(notice))
             if any(event.kind.final for event in events):
-                self.redis.publish(ended_channel(self.redis_prefix), str(workflow_id))
+                notices.publish(ended_channel(self.redis_prefix), str(workflow_id))
+            notices.execute()
         except (redis.RedisError, OSError) as exc:
             logger.warning("cannot announce events of %s (%s); they are stored", workflow_id, exc)
 

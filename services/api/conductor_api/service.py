@@ -9,7 +9,6 @@ differ in how work starts and how new events are announced.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -26,7 +25,7 @@ from conductor.pool import Pool
 from conductor.ports import StepCallResult
 from conductor.variants import Variant, get_variant
 from conductor_adapters.store.runs import SubmitRequest
-from conductor_api.reads import EVENTS_PER_READ, load_events, outcome_passed
+from conductor_api.reads import EVENTS_PER_READ, MAX_SEQUENCE, load_events, outcome_passed
 from conductor_api.schemas import EventView
 
 # A reader re-reads a workflow's events this often when announcements may not reach it (a
@@ -62,6 +61,7 @@ class EventSignals:
         self._latest: dict[uuid.UUID, int] = {}
         self._wakeups: dict[uuid.UUID, asyncio.Event] = {}
         self._finished: OrderedDict[uuid.UUID, int] = OrderedDict()
+        self.rereads = 0  # times every reader was told to re-read (announcements were missed)
 
     def announce(self, workflow_id: uuid.UUID, sequence: int, *, final: bool = False) -> None:
         self._latest[workflow_id] = max(sequence, self._latest.get(workflow_id, 0))
@@ -73,19 +73,30 @@ class EventSignals:
             while len(self._finished) > self.FINISHED_KEPT:
                 self._finished.popitem(last=False)
 
+    def latest(self, workflow_id: uuid.UUID) -> tuple[int, bool]:
+        """The last sequence announced for the workflow, and whether it was its outcome."""
+        if workflow_id in self._finished:
+            return self._finished[workflow_id], True
+        return self._latest.get(workflow_id, 0), False
+
     def wake_all(self) -> None:
         """Wake every waiting reader to re-read: announcements may have been missed."""
+        self.rereads += 1
         wakeups, self._wakeups = self._wakeups, {}
         for wakeup in wakeups.values():
             wakeup.set()
 
-    async def wait(self, workflow_id: uuid.UUID, after: int, timeout_s: float) -> None:
+    async def wait(self, workflow_id: uuid.UUID, after: int, timeout_s: float) -> bool:
+        """Wait for an announcement past ``after``; False when ``timeout_s`` passed first."""
         latest = self._latest.get(workflow_id) or self._finished.get(workflow_id, 0)
         if latest > after:
-            return
+            return True
         wakeup = self._wakeups.setdefault(workflow_id, asyncio.Event())
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(wakeup.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
 
 class WorkflowService(ABC):
@@ -201,9 +212,33 @@ class WorkflowService(ABC):
 
     async def wait_for_outcome(self, workflow_id: uuid.UUID, tenant: str) -> None:
         """Return once the workflow's outcome is stored. Raises LookupError when the workflow
-        is not the tenant's."""
-        async for _ in self.follow(workflow_id, tenant):
-            pass
+        is not the tenant's.
+
+        The events are read once; after that, announcements of progress only wake the wait,
+        and the table is asked again (for the outcome alone) only when the wait timed out or
+        was woken to re-read: a non-streamed request needs the outcome, not every event."""
+        events = await asyncio.to_thread(load_events, self.engine, workflow_id, tenant, 0)
+        if events is None:
+            raise LookupError(workflow_id)
+        if any(event.kind in FINAL_EVENT_KINDS for event in events):
+            return
+        seen = max((event.sequence for event in events), default=0)
+        while True:
+            rereads = self.signals.rereads
+            woken = await self.signals.wait(workflow_id, seen, self.poll_interval_s(workflow_id))
+            announced, finished = self.signals.latest(workflow_id)
+            if finished:
+                return
+            if announced > seen:  # progress was announced: wait on
+                seen = announced
+                continue
+            # Woken by the announcement of an event already read: wait on. Timed out, or told
+            # to re-read: the table says whether the outcome is there.
+            must_read = not woken or self.signals.rereads != rereads
+            if must_read and await asyncio.to_thread(
+                outcome_passed, self.engine, workflow_id, MAX_SEQUENCE
+            ):
+                return
 
     async def follow(
         self, workflow_id: uuid.UUID, tenant: str, after: int = 0
