@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 from typing import TYPE_CHECKING
 
 import typer
 
 from conductor.errors import ConfigurationError
+from conductor_cli.event_loop import run_event_loop
 
 if TYPE_CHECKING:  # imported lazily at run time: the API pulls in FastAPI, uvicorn and gRPC
     from conductor_api.server import Listening
@@ -71,7 +71,7 @@ def serve(
         finally:
             await runtime.aclose()
 
-    asyncio.run(run())
+    run_event_loop(run())
     typer.echo("conductor serve: stopped")
 
 
@@ -126,7 +126,7 @@ def api(
         )
 
     try:
-        asyncio.run(run())
+        run_event_loop(run())
     finally:
         engine.dispose()
     typer.echo("conductor api: stopped")

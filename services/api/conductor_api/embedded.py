@@ -94,9 +94,10 @@ class EmbeddedWorkflows(WorkflowService):
         def record(conn: Connection) -> None:
             record_workflow(conn, request, workflow_id, now, runner_id=self.runner_id)
 
-        # Committed before the caller hears of it: an accepted workflow is never lost.
-        if not await self.store.record(record):
-            raise DatabaseUnavailableError("cannot record the workflow in the trace database")
+        # The run starts while its record commits (every write of the run is queued after the
+        # record), but the caller hears of it only once the record is committed: an accepted
+        # workflow is never lost.
+        recorded = self.store.record(record)
         task = asyncio.create_task(
             self.executor.run(
                 request.question,
@@ -109,6 +110,9 @@ class EmbeddedWorkflows(WorkflowService):
         )
         self._running[workflow_id] = task
         task.add_done_callback(lambda done: self._finished(workflow_id, done))
+        if not await asyncio.shield(recorded):
+            task.cancel()
+            raise DatabaseUnavailableError("cannot record the workflow in the trace database")
         return workflow_id
 
     def poll_interval_s(self, workflow_id: uuid.UUID) -> float:

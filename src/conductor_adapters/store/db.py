@@ -66,7 +66,12 @@ def make_engine(url: str | URL) -> Engine:
     if parsed.get_backend_name() == "postgresql":
         return create_engine(parsed, pool_pre_ping=True)
 
-    kwargs: dict[str, Any] = {"connect_args": {"check_same_thread": False, "timeout": 30}}
+    # No rollback when a connection goes back to the pool: every use ends its own transaction
+    # (``begin`` commits, ``connect`` rolls back on close), and the extra call is paid per write.
+    kwargs: dict[str, Any] = {
+        "connect_args": {"check_same_thread": False, "timeout": 30},
+        "pool_reset_on_return": None,
+    }
     if _is_memory_sqlite(parsed):
         kwargs["poolclass"] = StaticPool  # one shared connection, or each sees an empty DB
     else:

@@ -453,9 +453,10 @@ class TraceStore:
         if final:
             await asyncio.shield(stored)
 
-    async def record(self, write: Write) -> bool:
-        """Run ``write`` in the next group commit and wait for it; whether it was committed."""
-        return await asyncio.shield(self.commits.submit(write))
+    def record(self, write: Write) -> asyncio.Future[bool]:
+        """Queue ``write`` for the next group commit, ahead of every write queued after it; the
+        future says whether it was committed."""
+        return self.commits.submit(write)
 
     async def flush(self) -> None:
         """Wait until every write queued so far is committed (or has failed)."""
