@@ -9,8 +9,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from openai import OpenAI
+from sqlalchemy import text
 
 import conductor_api.service as service_module
 from conductor_adapters.store.keys import create_key
@@ -139,3 +141,32 @@ def test_a_reader_waiting_for_the_outcome_reads_the_events_once_when_all_are_ann
     # Then it read the events once, and was woken by announcements for the rest (following
     # every event re-read them after each announcement)
     assert reads == ["events"]
+
+
+@pytest.mark.slow
+def test_a_workflow_the_database_cannot_record_is_refused_and_its_run_stopped(
+    tmp_path: Path,
+) -> None:
+    # Given the embedded API whose trace database refuses new workflows (their table is gone)
+    worker = ScriptedWorker("quick", delay_s=2.0)
+    api = LiveApi(
+        lambda: scripted_service(f"sqlite:///{tmp_path / 'conductor.db'}", [worker]),
+        open_access=True,
+    )
+    try:
+        with api.service.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE workflow RENAME TO workflow_gone"))
+        # When a chat completion asks for a workflow
+        response = httpx.post(
+            f"{api.url}/v1/chat/completions",
+            json={"model": "conductor-ultra", "messages": [{"role": "user", "content": "Hi?"}]},
+            timeout=30,
+        )
+        # Then it is refused as unavailable, not accepted, and the run begun beside the record
+        # is stopped before its worker answers
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "database_unavailable"
+        assert not api.service._running  # type: ignore[attr-defined]
+        assert all(call.finished == 0.0 for call in worker.calls)
+    finally:
+        api.close()

@@ -111,7 +111,8 @@ class EmbeddedWorkflows(WorkflowService):
         self._running[workflow_id] = task
         task.add_done_callback(lambda done: self._finished(workflow_id, done))
         if not await asyncio.shield(recorded):
-            task.cancel()
+            task.cancel()  # refused: nothing of it runs on once the caller hears so
+            await asyncio.wait({task})
             raise DatabaseUnavailableError("cannot record the workflow in the trace database")
         return workflow_id
 
