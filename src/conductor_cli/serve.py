@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from conductor.errors import ConfigurationError
-from conductor_cli.event_loop import run_event_loop
+from conductor_cli.server_process import run_event_loop, settle_garbage_collector
 
 if TYPE_CHECKING:  # imported lazily at run time: the API pulls in FastAPI, uvicorn and gRPC
     from conductor_api.server import Listening
@@ -59,6 +59,7 @@ def serve(
         for spec, reason in runtime.unavailable:
             typer.echo(f"conductor serve: worker {spec.name} unavailable: {reason}")
         service = embedded_api_service(runtime, settings)
+        settle_garbage_collector()
         try:
             await serve_api(
                 service,
@@ -117,6 +118,7 @@ def api(
         from conductor_cli.wiring import distributed_api_service
 
         service = distributed_api_service(settings, broker, engine)
+        settle_garbage_collector()
         await serve_api(
             service,
             host=host,
