@@ -102,7 +102,7 @@ def test_a_waiting_completion_reads_the_database_no_more_for_waiting_longer(
 
 
 @pytest.mark.slow
-def test_a_reader_waiting_for_the_outcome_reads_the_events_once_when_all_are_announced(
+def test_a_reader_waiting_for_the_outcome_asks_the_table_once_when_all_is_announced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given the embedded API, whose every stored event is announced, a worker answering in
@@ -110,21 +110,20 @@ def test_a_reader_waiting_for_the_outcome_reads_the_events_once_when_all_are_ann
     workers = [ScriptedWorker("quick", delay_s=0.5)]
     api = LiveApi(lambda: scripted_service(f"sqlite:///{tmp_path / 'conductor.db'}", workers))
     reads: list[str] = []
-    real_load_events, real_outcome_passed = (
-        service_module.load_events,
-        service_module.outcome_passed,
-    )
+    real = {
+        name: getattr(service_module, name)
+        for name in ("load_events", "outcome_passed", "outcome_stored")
+    }
 
-    def load_events(*args: Any) -> Any:
-        reads.append("events")
-        return real_load_events(*args)
+    def spy(name: str) -> Any:
+        def read(*args: Any) -> Any:
+            reads.append(name)
+            return real[name](*args)
 
-    def outcome_passed(*args: Any) -> Any:
-        reads.append("outcome")
-        return real_outcome_passed(*args)
+        return read
 
-    monkeypatch.setattr(service_module, "load_events", load_events)
-    monkeypatch.setattr(service_module, "outcome_passed", outcome_passed)
+    for name in real:
+        monkeypatch.setattr(service_module, name, spy(name))
     service = api.service
 
     async def wait_for_a_workflow() -> None:
@@ -138,9 +137,9 @@ def test_a_reader_waiting_for_the_outcome_reads_the_events_once_when_all_are_ann
         api.loop.run(wait_for_a_workflow())
     finally:
         api.close()
-    # Then it read the events once, and was woken by announcements for the rest (following
-    # every event re-read them after each announcement)
-    assert reads == ["events"]
+    # Then it asked once whether the outcome is stored, read no event, and was woken by
+    # announcements for the rest (following the events re-read them after each announcement)
+    assert reads == ["outcome_stored"]
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import Engine, RowMapping, bindparam, select, update
+from sqlalchemy import Engine, RowMapping, bindparam, exists, select, update
 
 from conductor.machine import FINAL_EVENT_KINDS
 from conductor.workflow import AttemptRecord
@@ -153,6 +153,27 @@ def outcome_passed(engine: Engine, workflow_id: uuid.UUID, after: int) -> bool:
     )
     with engine.connect() as conn:
         return conn.execute(query.limit(1)).first() is not None
+
+
+_OUTCOME_STORED = select(
+    workflow_table.c.id,
+    exists()
+    .where(
+        event_table.c.workflow_id == workflow_table.c.id,
+        event_table.c.kind.in_(FINAL_EVENT_KINDS),
+    )
+    .label("finished"),
+).where(
+    workflow_table.c.id == bindparam("workflow"), workflow_table.c.tenant == bindparam("tenant")
+)
+
+
+def outcome_stored(engine: Engine, workflow_id: uuid.UUID, tenant: str) -> bool | None:
+    """Whether the workflow's outcome is stored, in one query that reads no event; None when
+    the workflow is not the tenant's (or does not exist)."""
+    with engine.connect() as conn:
+        row = conn.execute(_OUTCOME_STORED, {"workflow": workflow_id, "tenant": tenant}).first()
+    return None if row is None else bool(row.finished)
 
 
 def store_feedback(engine: Engine, workflow_id: uuid.UUID, tenant: str, score: float) -> bool:

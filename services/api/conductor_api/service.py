@@ -25,7 +25,7 @@ from conductor.pool import Pool
 from conductor.ports import StepCallResult
 from conductor.variants import Variant, get_variant
 from conductor_adapters.store.runs import SubmitRequest
-from conductor_api.reads import EVENTS_PER_READ, MAX_SEQUENCE, load_events, outcome_passed
+from conductor_api.reads import EVENTS_PER_READ, load_events, outcome_passed, outcome_stored
 from conductor_api.schemas import EventView
 
 # A reader re-reads a workflow's events this often when announcements may not reach it (a
@@ -214,15 +214,16 @@ class WorkflowService(ABC):
         """Return once the workflow's outcome is stored. Raises LookupError when the workflow
         is not the tenant's.
 
-        The events are read once; after that, announcements of progress only wake the wait,
-        and the table is asked again (for the outcome alone) only when the wait timed out or
-        was woken to re-read: a non-streamed request needs the outcome, not every event."""
-        events = await asyncio.to_thread(load_events, self.engine, workflow_id, tenant, 0)
-        if events is None:
+        The table is asked whether the outcome is stored (no event is read: a non-streamed
+        request needs the outcome, not every event); after that, announcements of progress only
+        wake the wait, and the table is asked again only when the wait timed out or was woken
+        to re-read."""
+        finished = await asyncio.to_thread(outcome_stored, self.engine, workflow_id, tenant)
+        if finished is None:
             raise LookupError(workflow_id)
-        if any(event.kind in FINAL_EVENT_KINDS for event in events):
+        seen, announced_finished = self.signals.latest(workflow_id)
+        if finished or announced_finished:
             return
-        seen = max((event.sequence for event in events), default=0)
         while True:
             rereads = self.signals.rereads
             woken = await self.signals.wait(workflow_id, seen, self.poll_interval_s(workflow_id))
@@ -234,11 +235,10 @@ class WorkflowService(ABC):
                 continue
             # Woken by the announcement of an event already read: wait on. Timed out, or told
             # to re-read: the table says whether the outcome is there.
-            must_read = not woken or self.signals.rereads != rereads
-            if must_read and await asyncio.to_thread(
-                outcome_passed, self.engine, workflow_id, MAX_SEQUENCE
-            ):
-                return
+            if not woken or self.signals.rereads != rereads:
+                stored = await asyncio.to_thread(outcome_stored, self.engine, workflow_id, tenant)
+                if stored is not False:  # stored, or the workflow was deleted meanwhile
+                    return
 
     async def follow(
         self, workflow_id: uuid.UUID, tenant: str, after: int = 0
