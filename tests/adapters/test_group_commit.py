@@ -112,3 +112,26 @@ async def test_flush_waits_for_every_write_submitted(notes: Engine) -> None:
         commits.submit(note(n))
     await commits.flush()
     assert stored(notes) == list(range(20))
+
+
+async def test_writes_nobody_waits_for_share_the_commit_of_the_next_awaited_one(
+    notes: Engine,
+) -> None:
+    # Given a workflow's progress (nobody waits for it) queued over a few milliseconds
+    commits = GroupCommit(notes, linger_s=1.0)
+    progress = [commits.submit(note(n), urgent=False) for n in range(3)]
+    await asyncio.sleep(0.05)
+    assert not any(p.done() for p in progress)  # lingering for company
+    # When its outcome, which the workflow waits for, is queued
+    assert await commits.submit(note(3))
+    # Then all four went in one commit, in order
+    assert all(p.result() for p in progress)
+    assert stored(notes) == [0, 1, 2, 3]
+    assert COMMITS[notes] == 1
+
+
+async def test_a_write_nobody_waits_for_is_committed_within_the_linger(notes: Engine) -> None:
+    commits = GroupCommit(notes, linger_s=0.05)
+    alone = commits.submit(note(7), urgent=False)
+    assert await asyncio.wait_for(alone, 2)
+    assert stored(notes) == [7]

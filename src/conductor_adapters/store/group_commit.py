@@ -26,33 +26,60 @@ logger = logging.getLogger(__name__)
 Write = Callable[[Connection], None]
 # Writes per transaction at most: a batch is bounded so one commit never holds a long one.
 MAX_BATCH = 256
+# How long a write nobody waits for may wait for others to share its commit.
+LINGER_S = 0.02
 
 
 class GroupCommit:
     """Submits writes; each future says whether its write was committed (failures are logged,
-    never raised: a trace write that fails must not fail the workflow that made it)."""
+    never raised: a trace write that fails must not fail the workflow that made it).
 
-    def __init__(self, engine: Engine, *, max_batch: int = MAX_BATCH) -> None:
+    A write that someone waits for (``urgent``) starts a commit at once, taking every write
+    queued before it. One that nobody waits for may linger up to ``linger_s`` for company: a
+    workflow's progress then usually goes in the same commit as its next write, its outcome's
+    at the latest, rather than in a commit of its own.
+    """
+
+    def __init__(
+        self, engine: Engine, *, max_batch: int = MAX_BATCH, linger_s: float = LINGER_S
+    ) -> None:
         self.engine = engine
         self.max_batch = max_batch
+        self.linger_s = linger_s
         self._pending: deque[tuple[Write, asyncio.Future[bool]]] = deque()
         self._drain: asyncio.Task[None] | None = None
+        self._lingering: asyncio.TimerHandle | None = None
         self._last: asyncio.Future[bool] | None = None
 
-    def submit(self, write: Write) -> asyncio.Future[bool]:
+    def submit(self, write: Write, *, urgent: bool = True) -> asyncio.Future[bool]:
         """Queue ``write``; the future is done once it is committed (True) or failed (False)."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[bool] = loop.create_future()
         self._pending.append((write, done))
         self._last = done
-        if self._drain is None or self._drain.done():
-            self._drain = loop.create_task(self._run(), name="trace-group-commit")
+        if urgent:
+            self._start()
+        elif self._lingering is None and not self._draining:
+            self._lingering = loop.call_later(self.linger_s, self._start)
         return done
 
     async def flush(self) -> None:
-        """Wait until every write submitted so far is committed (or has failed)."""
+        """Commit every write submitted so far now, and wait for them (committed or failed)."""
         if self._last is not None:
+            self._start()
             await asyncio.shield(self._last)
+
+    @property
+    def _draining(self) -> bool:
+        return self._drain is not None and not self._drain.done()
+
+    def _start(self) -> None:
+        if self._lingering is not None:
+            self._lingering.cancel()
+            self._lingering = None
+        if not self._draining and self._pending:
+            loop = asyncio.get_running_loop()
+            self._drain = loop.create_task(self._run(), name="trace-group-commit")
 
     async def _run(self) -> None:
         while self._pending:

@@ -445,9 +445,9 @@ class TraceStore:
         parallel steps)."""
         if not events:
             return
-        stored = self.commits.submit(self.writes.for_events(workflow, events))
-        last = max(event.sequence for event in events)
         final = any(event.kind.final for event in events)
+        stored = self.commits.submit(self.writes.for_events(workflow, events), urgent=final)
+        last = max(event.sequence for event in events)
         workflow_id = workflow.workflow_id
         stored.add_done_callback(lambda done: self._announce(done, workflow_id, last, final))
         if final:
