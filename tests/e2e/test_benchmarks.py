@@ -1,0 +1,34 @@
+"""The overhead benchmark still runs end to end (with tiny numbers: its figures are not checked
+here, only that every path it measures answers)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.processes]
+
+
+def test_the_overhead_benchmark_measures_every_embedded_path(tmp_path: Path) -> None:
+    # When the benchmark runs against the floor and conductor serve, a few requests per phase
+    command = [sys.executable, str(ROOT / "benchmarks" / "orchestration_overhead.py")]
+    command += ["--only", "direct,serve", "--sequential", "3", "--requests", "6"]
+    command += ["--in-flight", "3", "--burst", "5", "--out", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    # Then every path and mode was measured, none failed, and the server's CPU was counted
+    phases = json.loads((tmp_path / "results.json").read_text())["phases"]
+    measured = {(p["path"], p["mode"]) for p in phases}
+    for path in ("pass-through", "one-step workflow", "three-step workflow"):
+        assert {(f"serve: {path}", "sequential"), (f"serve: {path}", "in-flight")} <= measured
+    assert ("serve: one-step workflow, 1 s provider", "burst") in measured
+    assert all(p["failures"] == 0 for p in phases), phases
+    # (CPU is read in 10 ms ticks: a few requests of one phase may show none, all together not)
+    assert sum(p["server_cpu_ms_per_request"] for p in phases if p["path"].startswith("serve"))
+    assert (tmp_path / "overhead.png").exists()
