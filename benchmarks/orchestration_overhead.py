@@ -22,11 +22,14 @@ distributed pass-through kept at 50 in flight for 60 s (its p99 against its p50)
 
     python benchmarks/orchestration_overhead.py [--sequential 200] [--requests 500]
         [--in-flight 50] [--burst 500] [--sustain 60] [--litellm-venv PATH]
-        [--postgres URL] [--redis URL] [--only serve,distributed,...] [--out out/orchestration]
+        [--postgres URL] [--redis URL] [--only serve,distributed,...] [--repeat 1]
+        [--out out/orchestration]
 
 Needs PostgreSQL and Redis for the distributed target (a database and a key prefix of its own,
-removed afterwards). Prints a table; writes ``results.json`` and, with matplotlib,
-``overhead.png`` under --out.
+removed afterwards). Prints a table per run and, with ``--repeat N``, the median of each
+figure over the N runs (this machine's speed drifts by up to 20% between runs); writes
+``results.json`` (the medians and every run) and, with matplotlib, ``overhead.png`` under
+--out.
 """
 
 from __future__ import annotations
@@ -517,7 +520,39 @@ def run_all(options: argparse.Namespace, upstreams: Upstreams, tmp: Path) -> lis
     return phases
 
 
-def write_chart(phases: list[Phase], out: Path) -> Path | None:
+MEDIAN_FIELDS = ("p50_ms", "p95_ms", "p99_ms", "per_second", "wall_s", "server_cpu_ms_per_request")
+
+
+def medians(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per path and mode, the median of each figure over the runs (a shared machine's speed
+    drifts between runs; one run's figures can be a lucky or an unlucky draw)."""
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in runs:
+        for row in run:
+            rows.setdefault((row["path"], row["mode"]), []).append(row)
+    merged = []
+    for (path, mode), same in rows.items():
+        row = {"path": path, "mode": mode, "runs": len(same)}
+        row |= {"concurrency": same[0]["concurrency"], "requests": same[0]["requests"]}
+        row |= {f: round(statistics.median(r[f] for r in same), 2) for f in MEDIAN_FIELDS}
+        row["failures"] = sum(r["failures"] for r in same)
+        merged.append(row)
+    return merged
+
+
+def report_medians(rows: list[dict[str, Any]]) -> None:
+    print(f"median of {rows[0]['runs']} runs:" if rows else "no runs")
+    for row in rows:
+        print(
+            f"{row['path']:44} {row['mode']:10} p50 {row['p50_ms']:8.2f} ms  "
+            f"p95 {row['p95_ms']:8.2f}  p99 {row['p99_ms']:8.2f}  {row['per_second']:7.1f}/s  "
+            f"wall {row['wall_s']:6.2f} s  server CPU {row['server_cpu_ms_per_request']:6.2f} "
+            f"ms/req  failures {row['failures']}",
+            flush=True,
+        )
+
+
+def write_chart(rows: list[dict[str, Any]], out: Path) -> Path | None:
     try:
         import matplotlib
 
@@ -525,14 +560,13 @@ def write_chart(phases: list[Phase], out: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    sequential = [p for p in phases if p.mode == "sequential"]
-    loaded = [p for p in phases if p.mode == "in-flight"]
+    sequential = [r for r in rows if r["mode"] == "sequential"]
+    loaded = [r for r in rows if r["mode"] == "in-flight"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), constrained_layout=True)
-    names = [p.path for p in sequential]
-    left.barh(names, [p.percentile(50) for p in sequential])
+    left.barh([r["path"] for r in sequential], [r["p50_ms"] for r in sequential])
     left.set_xlabel("sequential p50 latency (ms)")
-    right.barh([p.path for p in loaded], [p.throughput for p in loaded])
-    right.set_xlabel(f"requests per second, {loaded[0].concurrency} in flight")
+    right.barh([r["path"] for r in loaded], [r["per_second"] for r in loaded])
+    right.set_xlabel(f"requests per second, {loaded[0]['concurrency']} in flight")
     for axis in (left, right):
         axis.invert_yaxis()
         axis.grid(True, axis="x", alpha=0.3)
@@ -565,8 +599,13 @@ def main() -> None:
     parser.add_argument(
         "--only", default=",".join(TARGETS), help=f"targets to run, of {', '.join(TARGETS)}"
     )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="whole runs; the figures are their medians"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "orchestration")
     options = parser.parse_args()
+    if options.repeat < 1:
+        parser.error("--repeat must be at least 1")
     options.only = set(options.only.split(","))
     if unknown := options.only - set(TARGETS):
         parser.error(f"unknown targets: {', '.join(sorted(unknown))}")
@@ -579,16 +618,26 @@ def main() -> None:
         FakeUpstream(), FakeUpstream("--latency", "1"), FakeUpstream("--responder", "plans")
     )
     tmp = Path(tempfile.mkdtemp(prefix="conductor-overhead-"))
+    runs: list[list[dict[str, Any]]] = []
     try:
-        phases = run_all(options, upstreams, tmp)
+        for number in range(options.repeat):
+            if options.repeat > 1:
+                print(f"run {number + 1} of {options.repeat}", flush=True)
+            directory = tmp / f"run-{number + 1}"  # logs and databases of its own
+            directory.mkdir()
+            runs.append([p.summary() for p in run_all(options, upstreams, directory)])
     finally:
         upstreams.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
+    phases = medians(runs)
+    if options.repeat > 1:
+        report_medians(phases)
     results = {
         "cpus": os.cpu_count(),
         "options": {k: str(v) for k, v in vars(options).items()},
-        "phases": [p.summary() for p in phases],
+        "phases": phases,
+        "runs": runs,
     }
     (options.out / "results.json").write_text(json.dumps(results, indent=2))
     chart = write_chart(phases, options.out)
