@@ -15,7 +15,7 @@ from typing import Any
 
 from celery import Celery
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
-from sqlalchemy import Connection, Engine, Select, insert, select, update
+from sqlalchemy import Connection, Engine, Select, bindparam, insert, select, update
 
 from conductor.machine import WorkflowMachine, WorkflowState, utcnow
 from conductor.messaging import AGGREGATOR_QUEUE, START_WORKFLOW_TASK
@@ -99,14 +99,15 @@ def record_submission(
     """The trace row and the run row an aggregator locks (distributed mode)."""
     record_workflow(conn, request, workflow_id, now)
     conn.execute(
-        insert(run_table).values(
-            workflow_id=workflow_id,
-            status=WorkflowStatus.QUEUED.value,
-            request=request.model_dump(mode="json"),
-            state=None,
-            next_deadline_at=now + timedelta(seconds=START_GRACE_S),
-            updated_at=now,
-        )
+        _INSERT_RUN,
+        {
+            "workflow_id": workflow_id,
+            "status": WorkflowStatus.QUEUED.value,
+            "request": request.model_dump(mode="json"),
+            "state": None,
+            "next_deadline_at": now + timedelta(seconds=START_GRACE_S),
+            "updated_at": now,
+        },
     )
 
 
@@ -116,24 +117,36 @@ def send_start(app: Celery, workflow_id: uuid.UUID) -> None:
 
 def lock_run(conn: Connection, workflow_id: uuid.UUID) -> RunRow | None:
     """The run, locked until the transaction ends (one aggregator at a time per workflow)."""
-    return _run_row(conn, _run_query(workflow_id).with_for_update(of=run_table))
+    return _run_row(conn, _LOCK_RUN, workflow_id)
 
 
 def load_run(conn: Connection, workflow_id: uuid.UUID) -> RunRow | None:
     """The run as it is now, unlocked: for reads that do not change it."""
-    return _run_row(conn, _run_query(workflow_id))
+    return _run_row(conn, _LOAD_RUN, workflow_id)
 
 
-def _run_query(workflow_id: uuid.UUID) -> Select[Any]:
-    return (
-        select(run_table, workflow_table.c.created_at)
-        .join(workflow_table, workflow_table.c.id == run_table.c.workflow_id)
-        .where(run_table.c.workflow_id == workflow_id)
+# Built once and run with parameters: the aggregator runs them on every message.
+_INSERT_RUN = insert(run_table)
+_LOAD_RUN = (
+    select(run_table, workflow_table.c.created_at)
+    .join(workflow_table, workflow_table.c.id == run_table.c.workflow_id)
+    .where(run_table.c.workflow_id == bindparam("workflow"))
+)
+_LOCK_RUN = _LOAD_RUN.with_for_update(of=run_table)
+_SAVE_RUN = (
+    update(run_table)
+    .where(run_table.c.workflow_id == bindparam("workflow"))
+    .values(
+        status=bindparam("new_status"),
+        state=bindparam("new_state"),
+        next_deadline_at=bindparam("new_deadline"),
+        updated_at=bindparam("new_updated_at"),
     )
+)
 
 
-def _run_row(conn: Connection, query: Select[Any]) -> RunRow | None:
-    row = conn.execute(query).mappings().one_or_none()
+def _run_row(conn: Connection, query: Select[Any], workflow_id: uuid.UUID) -> RunRow | None:
+    row = conn.execute(query, {"workflow": workflow_id}).mappings().one_or_none()
     if row is None:
         return None
     state = WorkflowState.model_validate(row["state"]) if row["state"] is not None else None
@@ -148,14 +161,14 @@ def _run_row(conn: Connection, query: Select[Any]) -> RunRow | None:
 
 def save_run(conn: Connection, workflow_id: uuid.UUID, state: WorkflowState) -> None:
     conn.execute(
-        update(run_table)
-        .where(run_table.c.workflow_id == workflow_id)
-        .values(
-            status=state.result.status.value,
-            state=state.model_dump(mode="json"),
-            next_deadline_at=WorkflowMachine(state).next_deadline(),
-            updated_at=utcnow(),
-        )
+        _SAVE_RUN,
+        {
+            "workflow": workflow_id,
+            "new_status": state.result.status.value,
+            "new_state": state.model_dump(mode="json"),
+            "new_deadline": WorkflowMachine(state).next_deadline(),
+            "new_updated_at": utcnow(),
+        },
     )
 
 
