@@ -1,11 +1,11 @@
 """Group commit: the writes that arrive while one transaction commits go in the next one.
 
-A workflow writes its trace in four or five deliveries; one transaction each (with SQLite's
-fsync per commit) made the commit, not the SQL, the cost of a workflow, and the cost grew with
-the number of workflows in flight. Here one task drains a FIFO of writes: each batch runs in
-one transaction in a thread, so N workflows in flight share commits instead of queueing for
-them, and writes stay in the order they were submitted. No timer: a write that arrives when
-nothing is committing starts at once.
+A workflow writes its trace in four or five deliveries. With one transaction each, every
+delivery paid a thread hop, a commit and its fsync, and the workflow waited for each before its
+next step. Here one task drains a FIFO of writes: each batch runs in one transaction in a
+thread, so the workflows in flight share commits instead of queueing for them, and writes stay
+in the order they were submitted. A write someone waits for starts a commit at once; one nobody
+waits for (a workflow's progress) may wait a few milliseconds for company.
 
 No library fits: SQLAlchemy has no write batching across callers, and the writes must run in
 submission order with one result per write.
