@@ -88,7 +88,7 @@ class EventSignals:
 
     async def wait(self, workflow_id: uuid.UUID, after: int, timeout_s: float) -> bool:
         """Wait for an announcement past ``after``; False when ``timeout_s`` passed first."""
-        latest = self._latest.get(workflow_id) or self._finished.get(workflow_id, 0)
+        latest, _ = self.latest(workflow_id)
         if latest > after:
             return True
         wakeup = self._wakeups.setdefault(workflow_id, asyncio.Event())

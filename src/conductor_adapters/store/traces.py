@@ -190,7 +190,6 @@ class TraceWrites:
     ) -> None:
         if dialect not in {"sqlite", "postgresql"}:
             raise ValueError(f"unsupported database dialect {dialect!r}")
-        self.dialect = dialect
         self.workers = {w.name: w for w in pool.workers}
         self.tenant = tenant
         self.secret_env_names = tuple(secret_env_names)
@@ -201,8 +200,13 @@ class TraceWrites:
         events themselves, as one write; the workflow row is made sure of once, first."""
         secrets = secret_values(self.secret_env_names)
         started = [e for e in events if e.kind is EventKind.STARTED]
-        snapshot = scrub_snapshot(
-            [self.workers[name].snapshot() for e in started for name in e.workers or []]
+        # Scrubbed only on a start (scrubbing reads the environment for secrets).
+        snapshot = (
+            scrub_snapshot(
+                [self.workers[name].snapshot() for e in started for name in e.workers or []]
+            )
+            if started
+            else []
         )
         # A row created here (a store attached late) is created whole, snapshot included.
         workflow = _workflow_row(result, self.tenant, snapshot)
