@@ -58,7 +58,7 @@ import httpx  # noqa: E402
 import yaml  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
-from conductor_adapters.http_wire import ShardedTransport  # noqa: E402
+from conductor_adapters.http_wire import new_client  # noqa: E402
 from conductor_adapters.store.db import make_engine, upgrade  # noqa: E402
 from conductor_adapters.store.keys import create_key  # noqa: E402
 from conductor_cli.local_stack import LocalStack, ServiceProcess  # noqa: E402
@@ -387,7 +387,7 @@ async def measure(
             started = time.perf_counter()
             try:
                 response = await client.post(
-                    target.completions_url, json=body, headers=target.headers
+                    target.completions_url, json=body, headers=target.headers, timeout=600
                 )
                 ok = response.status_code == 200
             except httpx.HTTPError:
@@ -422,13 +422,15 @@ async def measure_target(
     """Each path sequentially and in flight, then the ``extra`` runs
     (path, mode, body, concurrency, seconds: 0 for ``concurrency`` calls once)."""
     phases: list[Phase] = []
-    # The client spreads its connections over many pools, as the server's gateway does: with
-    # one httpcore pool, the client spent 6 s of CPU on 500 calls in flight and was what
-    # limited the bursts, not the server.
-    async with httpx.AsyncClient(timeout=600, transport=ShardedTransport(32)) as client:
+    # The client is the server's own provider client (httpx on aiohttp): with httpx's stock
+    # pool, the client spent 6 s of CPU on 500 calls in flight and was what limited the
+    # bursts, not the server.
+    async with new_client() as client:
         for path, body in paths:
             for _ in range(5):  # warm-up: connections, caches, the first plan
-                await client.post(target.completions_url, json=body, headers=target.headers)
+                await client.post(
+                    target.completions_url, json=body, headers=target.headers, timeout=600
+                )
             for mode, requests, concurrency in (
                 ("sequential", options.sequential, 1),
                 ("in-flight", options.requests, options.in_flight),

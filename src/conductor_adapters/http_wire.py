@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import functools
-import itertools
 import json
 import math
 import re
@@ -35,36 +34,10 @@ from conductor.errors import (
     RateLimited,
     StreamInterrupted,
 )
+from conductor_adapters.aiohttp_transport import AiohttpTransport
 
 MAX_DETAIL_CHARS = 300  # provider text quoted in an error message; enough to act on, no page dumps
 SECRET_HEADERS = ("authorization", "api-key", "x-api-key", "x-goog-api-key")
-
-# No hidden cap on connections: the gateway's concurrency quota decides how many calls are in
-# flight, and a pool limit here would surface as spurious PoolTimeouts under load.
-DEFAULT_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-POOL_SHARDS = 16
-
-
-class ShardedTransport(httpx.AsyncBaseTransport):
-    """Spreads requests round-robin over several httpx connection pools.
-
-    Why: httpcore's pool rescans every connection it holds whenever a request starts or ends
-    (quadratic in calls in flight; encode/httpcore#1035). Measured here with 500 calls of 1 s
-    in one process, one pool spent 15-20 s of CPU in that scan; 16 pools of ~30 connections
-    make it negligible. Each shard is a stock ``AsyncHTTPTransport`` (which never retries).
-    """
-
-    def __init__(self, shards: int = POOL_SHARDS, limits: httpx.Limits = DEFAULT_LIMITS) -> None:
-        tls = tls_context()
-        self._shards = [httpx.AsyncHTTPTransport(verify=tls, limits=limits) for _ in range(shards)]
-        self._next = itertools.cycle(range(shards))
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self._shards[next(self._next)].handle_async_request(request)
-
-    async def aclose(self) -> None:
-        for shard in self._shards:
-            await shard.aclose()
 
 
 @functools.cache
@@ -76,8 +49,9 @@ def tls_context() -> ssl.SSLContext:
 
 
 def new_client() -> httpx.AsyncClient:
-    """An AsyncClient for provider calls. httpx never retries by itself (the gateway does)."""
-    return httpx.AsyncClient(transport=ShardedTransport())
+    """An AsyncClient for provider calls, sent by aiohttp (see ``aiohttp_transport``). Nothing
+    retries by itself (the gateway does)."""
+    return httpx.AsyncClient(transport=AiohttpTransport(tls_context()))
 
 
 async def post_json(
