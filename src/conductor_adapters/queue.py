@@ -14,6 +14,7 @@ import redis
 from celery import Celery
 
 from conductor.errors import ConfigurationError
+from conductor_adapters.redis_broker import TRANSPORT_PATH
 from conductor_adapters.settings import BrokerSettings
 
 T = TypeVar("T")
@@ -36,6 +37,9 @@ def celery_config(settings: BrokerSettings) -> dict[str, Any]:
             "(redis://... or amqp://...)"
         )
     transport_options: dict[str, Any] = {}
+    transport: str | None = None  # from the URL's scheme
+    if settings.broker_url.startswith("redis://"):
+        transport = TRANSPORT_PATH  # kombu's, sharing one client per channel
     if settings.broker_url.startswith(("redis://", "rediss://")):
         transport_options = {
             "visibility_timeout": settings.broker_visibility_timeout_s,
@@ -53,6 +57,7 @@ def celery_config(settings: BrokerSettings) -> dict[str, Any]:
         transport_options = {"confirm_publish": True}
     return {
         "broker_url": settings.broker_url,
+        "broker_transport": transport,
         "task_serializer": "json",
         "accept_content": ["json"],
         "result_serializer": "json",
