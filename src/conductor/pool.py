@@ -6,6 +6,7 @@ has: the local llama.cpp worker plus each cloud provider whose API key variable 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -91,13 +92,23 @@ class Quotas(BaseModel):
 
 
 class SimProfile(BaseModel):
-    """How a simulated worker behaves: skill per domain, check gain, cost and latency shape."""
+    """How a simulated worker behaves: skill per domain, check gain, cost and latency shape.
+
+    The chance of a right answer follows an item-response curve: ``skill`` is the chance on an
+    item of average difficulty (0.5), and it falls on harder items and rises on easier ones,
+    ``logit(p) = logit(skill) - difficulty_slope * (difficulty - 0.5)``. A weak worker is then
+    often right on easy items and rarely on hard ones, while a strong one stays ahead on both.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # Probability of a right answer per item domain; domains not listed use ``default``.
+    # Probability of a right answer per item domain on an item of average difficulty; domains
+    # not listed use ``default``.
     skills: dict[Domain, float] = Field(default_factory=dict)
     default: float = Field(default=0.5, ge=0, le=1)
+    # How much an item's difficulty (0 easiest .. 1 hardest) moves the chance, in log-odds
+    # from the easiest to the hardest item; 0: difficulty does not matter.
+    difficulty_slope: float = Field(default=4.0, ge=0)
     # A step that sees an earlier right answer and is asked to check it is right with
     # probability p + check_gain * (1 - p).
     check_gain: float = Field(default=0.5, ge=0, le=1)
@@ -115,6 +126,16 @@ class SimProfile(BaseModel):
 
     def skill(self, domain: Domain) -> float:
         return self.skills.get(domain, self.default)
+
+    def chance(self, domain: Domain, difficulty: float | None) -> float:
+        """The chance of a right answer on an item of ``domain`` and ``difficulty`` (None: of
+        average difficulty). A skill of 0 or 1 stays so: a worker that is always right or
+        always wrong is so on every item."""
+        p = self.skill(domain)
+        if difficulty is None or p in (0.0, 1.0):
+            return p
+        log_odds = math.log(p / (1 - p)) - self.difficulty_slope * (difficulty - 0.5)
+        return 1 / (1 + math.exp(-log_odds))
 
 
 class WorkerSpec(BaseModel):

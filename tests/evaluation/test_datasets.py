@@ -287,7 +287,7 @@ def test_a_missing_reasoning_gym_names_the_install_command(
 # --- the user's JSONL --------------------------------------------------------------------------
 
 GOOD_LINES = [
-    {"question": "What is 2 + 2?", "answer": 4, "kind": "math"},
+    {"question": "What is 2 + 2?", "answer": 4, "kind": "math", "difficulty": 0.25},
     {"id": "capital", "question": "Capital of France?", "answer": "Paris", "kind": "exact"},
     {
         "question": "Which is a prime?",
@@ -331,6 +331,7 @@ def test_a_good_jsonl_file_loads(tmp_path: Path) -> None:
     assert regex.reference == "red"
     assert (code.tests, code.entry_point, code.domain) == ("assert add(1, 2) == 3", "add", "code")
     assert code.metadata == {"source": "mine"}
+    assert (math.difficulty, exact.difficulty) == (0.25, None)
     assert len(load_suite(suite, limit=2, seed=4)) == 2
 
 
@@ -355,6 +356,7 @@ def test_a_good_jsonl_file_loads(tmp_path: Path) -> None:
         ('{"question": "", "answer": "a", "kind": "exact"}', "question must be"),
         ('{"question": "q", "answer": null, "kind": "exact"}', "answer must be"),
         ('{"id": "1", "question": "q", "answer": "a", "kind": "exact"}', "duplicate id '1'"),
+        ('{"question": "q", "answer": "a", "kind": "exact", "difficulty": 2}', "difficulty"),
     ],
 )
 def test_a_bad_jsonl_line_is_reported_with_its_number(

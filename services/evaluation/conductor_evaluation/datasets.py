@@ -197,7 +197,16 @@ def _rg_dataset_of(item: EvalItem) -> Any:
 # --- the user's JSONL --------------------------------------------------------------------------
 
 _REQUIRED = ("question", "answer", "kind")
-_OPTIONAL = ("id", "domain", "choices", "tests", "entry_point", "reference", "code_prefix")
+_OPTIONAL = (
+    "id",
+    "domain",
+    "choices",
+    "tests",
+    "entry_point",
+    "reference",
+    "code_prefix",
+    "difficulty",
+)
 _DEFAULT_DOMAIN = {AnswerKind.MATH: Domain.MATH, AnswerKind.CODE: Domain.CODE}
 _FORMATS = {
     AnswerKind.MATH: MATH_FORMAT,
@@ -304,6 +313,7 @@ def _jsonl_item(line: str, number: int, suite: str) -> EvalItem:
             entry_point=obj.get("entry_point"),
             code_prefix=obj.get("code_prefix", ""),
             reference=obj.get("reference"),
+            difficulty=obj.get("difficulty"),
             metadata=obj.get("metadata", {}),
         )
     except ValidationError as e:

@@ -52,6 +52,10 @@ class EvalItem(BaseModel):
     code_prefix: str = ""
     # A response known to be right (code: a reference solution; regex: a matching answer).
     reference: str | None = None
+    # How hard the item is, 0 (easiest) to 1 (hardest), from what its dataset says (MATH's
+    # level, ARC's easy or challenge set, ...; see ``difficulty``); None when nothing does.
+    # Only the simulated workers read it.
+    difficulty: float | None = Field(default=None, ge=0, le=1)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @property

