@@ -5,8 +5,10 @@ What other services may use is exported here (the trainer scores its rollouts wi
 items, verifiers, simulator and reward); the modules themselves are this package's own.
 """
 
+from conductor_evaluation.datasets import load_suite
 from conductor_evaluation.harness import resolve_pool
 from conductor_evaluation.items import AnswerKind, Domain, EvalItem, Verdict
+from conductor_evaluation.results import ItemResult, ResultStore
 from conductor_evaluation.reward import INVALID, method_reward
 from conductor_evaluation.sim import simulating
 from conductor_evaluation.split import is_held_out, split_items
@@ -18,9 +20,12 @@ __all__ = [
     "AnswerKind",
     "Domain",
     "EvalItem",
+    "ItemResult",
+    "ResultStore",
     "Verdict",
     "given_outcome",
     "is_held_out",
+    "load_suite",
     "method_reward",
     "resolve_pool",
     "simulating",

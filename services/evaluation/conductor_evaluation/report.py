@@ -127,8 +127,9 @@ def render_markdown(
     if simulated:
         lines += [
             f"> **Simulated workers**: {', '.join(simulated)} are the `sim` provider, a "
-            "simulator that answers right with configured per-domain probabilities, not LLMs. "
-            "These figures measure orchestration on that simulator, not model quality.",
+            "simulator that answers right with configured per-domain probabilities, lower on "
+            "harder items, not LLMs. These figures measure orchestration on that simulator, not "
+            "model quality.",
             "",
         ]
     lines += [

@@ -1,0 +1,197 @@
+"""A trained router: a question's embedding -> per worker, the chance of a right answer and the
+expected cost -> the worker that maximises chance minus ``cost_weight`` times cost, among the
+workers a request may use.
+
+Each worker has its own head (a logistic regression trained by scikit-learn on that worker's
+right and wrong answers), so any subset of the pool is scored exactly as the full pool is: a
+worker left out changes nothing about the others' scores. The file is JSON (the heads'
+coefficients, not a pickle, so loading a router file never runs code from it); a file that is
+not a router of this version, or whose shapes disagree, is refused with the reason.
+
+Cost is in USD per 1,000 questions, so ``cost_weight`` reads as: how much chance of a right
+answer one would give up to save a dollar per thousand questions (0: accuracy only).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from conductor.errors import ConfigurationError
+from conductor_adapters.embedding import EMBEDDER_NAME, ROUTER_INSTALL, QuestionEmbedder
+
+ROUTER_FORMAT = "conductor-router/1"
+PER_QUESTIONS = 1000  # cost is expressed per this many questions
+
+
+class WorkerHead(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1)
+    coef: list[float]
+    intercept: float
+    # Mean cost of one question answered by this worker alone, in training, USD.
+    cost_usd: float = Field(ge=0)
+    trained_on: int = Field(ge=0)  # questions this head learnt from
+
+
+class RouterModel(BaseModel):
+    """What ``conductor router train`` writes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: Literal["conductor-router/1"] = "conductor-router/1"
+    embedder: str = EMBEDDER_NAME
+    dim: int = Field(gt=0)
+    cost_weight: float = Field(default=0.0, ge=0)  # the default when a request gives none
+    workers: list[WorkerHead] = Field(min_length=1)
+    trained: dict[str, Any] = Field(default_factory=dict)  # provenance: suites, items, date
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RouterModel:
+        names = [w.name for w in self.workers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"worker names repeat: {names}")
+        wrong = [w.name for w in self.workers if len(w.coef) != self.dim]
+        if wrong:
+            raise ValueError(f"heads of {', '.join(wrong)} do not have {self.dim} coefficients")
+        return self
+
+
+@dataclass(frozen=True)
+class WorkerScore:
+    p_right: float
+    cost_usd: float
+    utility: float
+
+
+@dataclass(frozen=True)
+class RoutingDecision:
+    worker: str
+    cost_weight: float
+    scores: dict[str, WorkerScore]  # every allowed worker the router knows
+
+    def as_record(self) -> dict[str, Any]:
+        """The decision as a trace records it."""
+        return {
+            "router": "learned",
+            "worker": self.worker,
+            "cost_weight": self.cost_weight,
+            "scores": {
+                name: {
+                    "p_right": round(s.p_right, 4),
+                    "cost_usd": s.cost_usd,
+                    "utility": round(s.utility, 4),
+                }
+                for name, s in self.scores.items()
+            },
+        }
+
+
+class Router:
+    def __init__(self, model: RouterModel, embedder: QuestionEmbedder | None = None) -> None:
+        self.model = model
+        self._embedder = embedder or QuestionEmbedder()
+        if self._embedder.name != model.embedder or self._embedder.dim != model.dim:
+            raise ConfigurationError(
+                f"the router was trained on {model.embedder} ({model.dim} dimensions); this "
+                f"embedder is {self._embedder.name} ({self._embedder.dim})"
+            )
+        self.names = [w.name for w in model.workers]
+        self._coef = np.array([w.coef for w in model.workers], dtype=np.float64)
+        self._intercept = np.array([w.intercept for w in model.workers], dtype=np.float64)
+        self._cost = np.array([w.cost_usd for w in model.workers], dtype=np.float64)
+
+    @classmethod
+    def load(cls, path: Path, embedder: QuestionEmbedder | None = None) -> Router:
+        return cls(load_router_model(path), embedder)
+
+    def p_right(self, embeddings: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+        """(questions, workers): each head's chance of a right answer."""
+        logits = embeddings.astype(np.float64) @ self._coef.T + self._intercept
+        return 1.0 / (1.0 + np.exp(-logits))
+
+    def choose(
+        self,
+        question: str,
+        *,
+        allowed: Collection[str] | None = None,
+        cost_weight: float | None = None,
+    ) -> RoutingDecision | None:
+        """The best allowed worker for ``question``; None when the router knows none of them."""
+        weight = self.model.cost_weight if cost_weight is None else cost_weight
+        if weight < 0:
+            raise ValueError("cost_weight must be >= 0")
+        p = self.p_right(self._embedder.embed([question]))[0]
+        return self._decide(p, allowed, weight)
+
+    def _decide(
+        self, p: npt.NDArray[np.float64], allowed: Collection[str] | None, weight: float
+    ) -> RoutingDecision | None:
+        utility = p - weight * self._cost * PER_QUESTIONS
+        scores = {
+            name: WorkerScore(float(p[i]), float(self._cost[i]), float(utility[i]))
+            for i, name in enumerate(self.names)
+            if allowed is None or name in allowed
+        }
+        if not scores:
+            return None
+        # Ties go to the cheaper worker, then to the pool's order.
+        best = max(scores, key=lambda n: (scores[n].utility, -scores[n].cost_usd))
+        return RoutingDecision(worker=best, cost_weight=weight, scores=scores)
+
+    def choose_many(
+        self,
+        embeddings: npt.NDArray[np.float32],
+        *,
+        allowed: Collection[str] | None = None,
+        cost_weight: float | None = None,
+    ) -> list[RoutingDecision | None]:
+        """``choose`` for questions already embedded (training reports, evaluation)."""
+        weight = self.model.cost_weight if cost_weight is None else cost_weight
+        return [self._decide(row, allowed, weight) for row in self.p_right(embeddings)]
+
+
+def load_router_model(path: Path) -> RouterModel:
+    """The router in ``path``; a ConfigurationError saying what is wrong otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigurationError(f"router file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigurationError(f"router file {path}: not a router (not UTF-8 text)") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(
+            f"router file {path}: not a router (invalid JSON at line {exc.lineno}: {exc.msg})"
+        ) from exc
+    if not isinstance(data, dict) or data.get("format") != ROUTER_FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise ConfigurationError(
+            f"router file {path}: format {found!r}, expected {ROUTER_FORMAT!r} (train one with "
+            f"`conductor router train`; routing needs `{ROUTER_INSTALL}`)"
+        )
+    try:
+        return RouterModel.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'file'}: "
+            f"{e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
+        )
+        raise ConfigurationError(f"router file {path}: {problems}") from exc
+
+
+def save_router_model(model: RouterModel, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(model.model_dump_json(indent=1), encoding="utf-8")
+    tmp.replace(path)
