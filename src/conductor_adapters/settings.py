@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     # length it reserves KV cache for (unset: the model's own).
     planner_gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     planner_max_model_len: int | None = Field(default=None, ge=256)
+    # A router file from `conductor router train`: one-step requests (conductor-mini) are routed
+    # by it instead of planned by the language model. Unset: the language model plans them.
+    router_model: str | None = None
 
     # Threads of each llama.cpp engine. Its threads spin at a barrier after every operation, so
     # when two engines (or other work) share the cores and the threads outnumber them, each

@@ -32,7 +32,7 @@ from conductor_adapters.store.traces import TraceStore
 from conductor_cli.timings import Timings
 from conductor_gateway.gateway import WorkerGateway
 from conductor_gateway.registry import build_workers
-from conductor_planner import ConductorPlanner
+from conductor_planner import ConductorPlanner, load_router
 from conductor_planner.backends import create_backend
 
 if TYPE_CHECKING:
@@ -114,6 +114,8 @@ async def open_embedded_runtime(
     db = make_engine(settings.database_url)
     try:
         with timings.phase("planner_load"):
+            # The router first: a bad router file stops the start before the models load.
+            router = await asyncio.to_thread(load_router, settings)
             backend = await asyncio.to_thread(planner_backend, settings)
         with timings.phase("workers_load"):
             gateway = await asyncio.to_thread(in_process_gateway, pool, settings)
@@ -122,7 +124,7 @@ async def open_embedded_runtime(
         raise
     store = TraceStore(db, pool, secret_env_names=secret_variables(pool, settings))
     executor = WorkflowExecutor(
-        planner=ConductorPlanner(backend),
+        planner=ConductorPlanner(backend, router=router),
         pool=pool,
         gateway=gateway,
         observers=[store, *observers],
@@ -253,6 +255,7 @@ async def open_eval_runtime(
     variant is evaluated, its planner: the same parts ``conductor serve`` runs."""
     from conductor_evaluation.runner import EvalRuntime
 
+    router = await asyncio.to_thread(load_router, settings) if with_planner else None
     gateway = await asyncio.to_thread(in_process_gateway, pool, settings)
     runtime = EvalRuntime(pool=pool, gateway=gateway, step_timeout_s=step_timeout_s)
     if with_planner:
@@ -261,5 +264,5 @@ async def open_eval_runtime(
         except BaseException:
             await gateway.aclose()
             raise
-        runtime.planner = ConductorPlanner(runtime.backend)
+        runtime.planner = ConductorPlanner(runtime.backend, router=router)
     return runtime

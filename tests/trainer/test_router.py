@@ -7,14 +7,20 @@ import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import httpx
 import numpy as np
 import numpy.typing as npt
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openai import OpenAI
 
 from conductor.errors import ConfigurationError
+from conductor.ports import PlanRequest
+from conductor.workflow import PoolEntry
 from conductor_adapters.router import (
     Router,
     RouterModel,
@@ -22,9 +28,13 @@ from conductor_adapters.router import (
     load_router_model,
     save_router_model,
 )
+from conductor_planner import ConductorPlanner
 from conductor_trainer.router import curve_area
 
+from fakes.api_process import announced_addresses, start_api_role
 from fakes.cli import run_conductor
+from fakes.openai_server import FakeOpenAIServer
+from fakes.scripted import ScriptedBackend, lists
 
 DIM = 8
 NAMES = ["alpha", "beta", "gamma", "delta", "epsilon"]
@@ -217,3 +227,130 @@ def test_router_train_learns_from_an_evaluation_and_serves_what_it_measured(
     refused = run_conductor("router", "train", str(tmp_path / "nothing"))
     assert refused.returncode == 2
     assert "no single-worker results" in refused.stderr
+
+
+# -- serving: conductor-mini routed by the planner ---------------------------------------------
+
+PLAN_POOL = [
+    PoolEntry(name="gamma", description="g"),
+    PoolEntry(name="unknown-to-the-router", description="u"),
+    PoolEntry(name="alpha", description="a"),
+    PoolEntry(name="conductor", description="", is_conductor=True),
+]
+
+
+def _plan_request(**fields: Any) -> PlanRequest:
+    return PlanRequest(
+        **{"question": "What is 17 * 23?", "pool": PLAN_POOL, "max_steps": 1, **fields}
+    )
+
+
+async def test_a_one_step_request_is_routed_and_its_scores_are_the_calls_output() -> None:
+    backend = ScriptedBackend([lists([0], ["Solve it."], [[]])])
+    planner = ConductorPlanner(backend, router=ROUTER)  # type: ignore[arg-type]
+
+    outcome = await planner.plan(_plan_request())
+
+    expected = ROUTER.choose(
+        "What is 17 * 23?", allowed={"gamma", "alpha", "unknown-to-the-router"}
+    )
+    assert expected is not None
+    assert backend.requests == []  # the language model was not asked
+    assert (outcome.backend, outcome.valid, outcome.cost_usd) == ("router", True, 0.0)
+    (step,) = outcome.plan.steps
+    assert PLAN_POOL[step.model_id].name == expected.worker
+    assert step.subtask == "What is 17 * 23?"
+    record = json.loads(outcome.raw_output)
+    assert record["worker"] == expected.worker
+    assert set(record["scores"]) == {"gamma", "alpha"}  # the allowed workers it knows
+
+
+async def test_the_model_plans_what_the_router_cannot_decide_and_says_why() -> None:
+    backend = ScriptedBackend([lists([0], ["Solve it."], [[]])])
+    planner = ConductorPlanner(backend, router=ROUTER)  # type: ignore[arg-type]
+    only_unknown = [PLAN_POOL[1], PLAN_POOL[3]]
+
+    outcome = await planner.plan(_plan_request(pool=only_unknown))
+    assert (
+        outcome.backend
+        == "scripted (the router knows none of the allowed workers: planned by the model)"
+    )
+    assert outcome.valid
+    # Multi-step variants are never routed.
+    multi = await planner.plan(_plan_request(max_steps=3))
+    assert multi.backend == "scripted"
+    assert len(backend.requests) == 2
+
+
+def _router_for(names: list[str], favourite: str) -> RouterModel:
+    """A router over ``names`` that is sure ``favourite`` is right and the others wrong."""
+    return RouterModel(
+        dim=256,
+        workers=[
+            WorkerHead(
+                name=name,
+                coef=[0.0] * 256,
+                intercept=4.0 if name == favourite else -4.0,
+                cost_usd=0.001,
+                trained_on=10,
+            )
+            for name in names
+        ],
+    )
+
+
+@pytest.mark.model
+@pytest.mark.processes
+def test_conductor_serve_answers_conductor_mini_with_the_routed_worker(tmp_path: Path) -> None:
+    workers = FakeOpenAIServer(responder=lambda messages: "routed answer")
+    planner = FakeOpenAIServer(responder=lambda messages: "not a plan")
+    workers.start()
+    planner.start()
+    try:
+        pool = {
+            "workers": {
+                name: {
+                    "provider": "openai-compatible",
+                    "model": name,
+                    "base_url": workers.base_url,
+                    "price": {"input": 1.0, "output": 2.0},
+                }
+                for name in ("solver", "checker")
+            }
+        }
+        (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
+        save_router_model(_router_for(["solver", "checker"], "checker"), tmp_path / "router.json")
+        env = {
+            "CONDUCTOR_POOL_FILE": str(tmp_path / "pool.yaml"),
+            "CONDUCTOR_PLANNER_BACKEND": "openai",
+            "CONDUCTOR_PLANNER_BASE_URL": planner.base_url,
+            "CONDUCTOR_PLANNER_MODEL": "fake-conductor",
+            "CONDUCTOR_DATABASE_URL": f"sqlite:///{tmp_path / 'conductor.db'}",
+            "CONDUCTOR_ROUTER_MODEL": str(tmp_path / "router.json"),
+        }
+        serve = start_api_role("serve", tmp_path / "serve.log", env)
+        try:
+            url, _ = announced_addresses(serve)
+            client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+            for _ in range(2):
+                reply = client.chat.completions.create(
+                    model="conductor-mini", messages=[{"role": "user", "content": "What is 6 * 7?"}]
+                )
+            assert reply.choices[0].message.content == "routed answer"
+            assert workers.chat_requests[-1].json["model"] == "checker"
+            assert not planner.chat_requests  # the language-model Conductor was never asked
+            workflow_id = (reply.model_extra or {})["conductor"]["workflow_id"]
+            workflow = httpx.get(f"{url}/v1/workflows/{workflow_id}").json()
+            call = workflow["planner_calls"][0]
+            assert call["backend"] == "router"
+            assert json.loads(call["raw_output"])["scores"]["checker"]["p_right"] > 0.95
+        finally:
+            serve.stop()
+        # A bad router file stops the start with the reason.
+        (tmp_path / "router.json").write_text("{}")
+        refused = run_conductor("serve", "--port", "0", "--grpc-port", "-1", env=env, timeout=60)
+        assert refused.returncode == 2
+        assert "router.json: format None, expected 'conductor-router/1'" in refused.stderr
+    finally:
+        workers.stop()
+        planner.stop()

@@ -7,12 +7,13 @@ as the planner serves a checkpoint). The backends and the gRPC server are this p
 
 from conductor_planner.backends.transformers import TransformersPlannerBackend
 from conductor_planner.models import ModelSource, load_pretrained, resolve_model
-from conductor_planner.planner import ConductorPlanner
+from conductor_planner.planner import ConductorPlanner, load_router
 
 __all__ = [
     "ConductorPlanner",
     "ModelSource",
     "TransformersPlannerBackend",
     "load_pretrained",
+    "load_router",
     "resolve_model",
 ]

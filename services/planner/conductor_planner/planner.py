@@ -3,12 +3,21 @@
 Backends only generate text; everything that makes a plan trustworthy happens here, the same
 for every backend. Invalid output never reaches the executor: it is recorded as invalid and
 replaced by a one-step fallback plan (or, in a recursion round, by stopping).
+
+With a learned router, a one-step request (conductor-mini) is routed instead: the router picks
+the worker among those the request allows, the question as asked is its subtask, and the
+decision with every worker's scores is what the trace records as this Conductor call's output.
+A router that cannot decide (it knows none of the allowed workers) leaves the request to the
+language model, and the call's backend says why.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
+from conductor.chat import Usage
 from conductor.pool import Price
 from conductor.ports import PlanFormat, PlannerBackend, PlanRequest
 from conductor.protocol import (
@@ -20,15 +29,58 @@ from conductor.protocol import (
     text_limits,
     validate_plan,
 )
-from conductor.workflow import Plan, PlanOutcome
+from conductor.workflow import Plan, PlanOutcome, PlanStep
+from conductor_adapters.router import Router
+from conductor_adapters.settings import Settings
+
+ROUTER_BACKEND = "router"
+
+
+def load_router(settings: Settings) -> Router | None:
+    """The router ``CONDUCTOR_ROUTER_MODEL`` names, loaded now: a bad file stops the start with
+    the reason rather than failing requests later. None when none is configured."""
+    if not settings.router_model:
+        return None
+    return Router.load(Path(settings.router_model))
 
 
 class ConductorPlanner:
-    def __init__(self, backend: PlannerBackend, *, price: Price | None = None) -> None:
+    def __init__(
+        self, backend: PlannerBackend, *, price: Price | None = None, router: Router | None = None
+    ) -> None:
         self.backend = backend
         self.price = price or Price()
+        self.router = router
 
     async def plan(self, request: PlanRequest) -> PlanOutcome:
+        if self.router is not None and request.max_steps == 1 and request.round == 0:
+            routed = self._route(self.router, request)
+            if isinstance(routed, PlanOutcome):
+                return routed
+            outcome = await self._generate(request)
+            return outcome.model_copy(update={"backend": f"{outcome.backend} ({routed})"})
+        return await self._generate(request)
+
+    def _route(self, router: Router, request: PlanRequest) -> PlanOutcome | str:
+        """The router's one-step plan, or why it could not decide."""
+        started = time.perf_counter()
+        ids = {entry.name: i for i, entry in enumerate(request.pool) if not entry.is_conductor}
+        decision = router.choose(request.question, allowed=ids.keys())
+        if decision is None:
+            return "the router knows none of the allowed workers: planned by the model"
+        step = PlanStep(model_id=ids[decision.worker], subtask=request.question)
+        return PlanOutcome(
+            round=request.round,
+            raw_output=json.dumps(decision.as_record(), sort_keys=True),
+            valid=True,
+            plan=Plan(steps=(step,)),
+            pool=request.pool,
+            usage=Usage(),
+            latency_ms=(time.perf_counter() - started) * 1000,
+            backend=ROUTER_BACKEND,
+        )
+
+    async def _generate(self, request: PlanRequest) -> PlanOutcome:
         conductor_ids = [i for i, entry in enumerate(request.pool) if entry.is_conductor]
         conductor_id = conductor_ids[0] if conductor_ids else None
         worker_ids = [i for i, entry in enumerate(request.pool) if not entry.is_conductor]

@@ -29,7 +29,7 @@ from conductor_adapters.rpc.planner_wire import outcome_to_proto, request_from_p
 from conductor_adapters.rpc.v1 import planner_pb2, planner_pb2_grpc
 from conductor_adapters.settings import Settings
 from conductor_planner.backends import create_backend
-from conductor_planner.planner import ConductorPlanner
+from conductor_planner.planner import ConductorPlanner, load_router
 
 log = logging.getLogger(__name__)
 
@@ -153,12 +153,13 @@ class PlannerServer:
     async def _load(self, factory: BackendFactory, settings: Settings) -> None:
         try:
             # In a thread: loading blocks (weights, CUDA), and health must answer meanwhile.
+            router = await asyncio.to_thread(load_router, settings)  # a bad file: before the model
             backend = await asyncio.to_thread(factory, settings)
         except Exception as exc:
             self.load_error = exc
         else:
             self.backend = backend
-            self.servicer.planner = ConductorPlanner(backend)
+            self.servicer.planner = ConductorPlanner(backend, router=router)
             for name in HEALTH_NAMES:  # ignored once a graceful shutdown has begun
                 await self.health.set(name, SERVING)
         finally:
