@@ -1,5 +1,5 @@
-"""The overhead benchmark still runs end to end (with tiny numbers: its figures are not checked
-here, only that every path it measures answers)."""
+"""The benchmarks still run end to end (with tiny numbers: their figures are not checked here,
+only that every path they measure answers)."""
 
 from __future__ import annotations
 
@@ -32,3 +32,14 @@ def test_the_overhead_benchmark_measures_every_embedded_path(tmp_path: Path) -> 
     # (CPU is read in 10 ms ticks: a few requests of one phase may show none, all together not)
     assert sum(p["server_cpu_ms_per_request"] for p in phases if p["path"].startswith("serve"))
     assert (tmp_path / "overhead.png").exists()
+
+
+@pytest.mark.model
+def test_the_routing_benchmark_times_the_router_against_the_model() -> None:
+    command = [sys.executable, str(ROOT / "benchmarks" / "routing_latency.py")]
+    command += ["--questions", "6", "--model-questions", "2"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "router (wordllama-l2-256, 4 workers): p50" in done.stdout
+    assert "language-model one-step plan (llamacpp): p50" in done.stdout
+    assert "router faster by" in done.stdout
