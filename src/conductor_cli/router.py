@@ -16,8 +16,10 @@ router_app = typer.Typer(help="conductor-mini's learned router.", no_args_is_hel
 
 @router_app.command("train")
 def train(
-    results: str = typer.Argument(
-        ..., help="A `conductor eval --strategies 'single:*'` output directory to learn from."
+    results: list[str] = typer.Argument(  # noqa: B008 (typer's way to declare a list)
+        ...,
+        help="`conductor eval --strategies 'single:*'` output directories to learn from (the "
+        "same items evaluated several times count as their share of right answers).",
     ),
     out: str = typer.Option("router.json", "--out", "-o", help="The router file."),
     cost_weight: float = typer.Option(
@@ -35,7 +37,7 @@ def train(
     from conductor_trainer.router import routing_data, train_router
 
     console = Console(stderr=True, highlight=False)
-    data = routing_data(Path(results))
+    data = routing_data([Path(r) for r in results])
     console.print(
         f"router: {len(data.items)} items, workers {', '.join(data.workers)}; "
         f"{int(data.held_out.sum())} held out"
@@ -60,21 +62,61 @@ def train(
     save_router_model(model, router_path)
     report_path = router_path.with_name(router_path.stem + ".report.json")
     report_path.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    plot_path = router_path.with_name(router_path.stem + ".report.png")
+    _plot(report, plot_path)
     console.print(_table(report))
-    console.print(f"router: {router_path}\nreport: {report_path}")
+    console.print(f"router: {router_path}\nreport: {report_path}\nplot: {plot_path}")
+
+
+def _plot(report: dict[str, Any], path: Path) -> None:
+    """Accuracy against cost per 1,000 questions: each router's curve over the cost weights,
+    each worker alone, random and the oracle as points."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no screen: render to file only
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    for curve in report["curves"]:
+        points = sorted(curve["points"], key=lambda p: p["cost_usd"])
+        low, high = curve["area_ci"]
+        ax.plot(
+            [p["cost_usd"] * 1000 for p in points],
+            [p["accuracy"] for p in points],
+            marker=".",
+            label=f"{curve['name']} (area {curve['area']:.3f}, 95% CI {low:.3f}-{high:.3f})",
+        )
+    for name, point, marker in [
+        *((f"single:{w}", s, "o") for w, s in report["single"].items()),
+        ("random", report["random"], "v"),
+        ("oracle", report["oracle"], "^"),
+    ]:
+        ax.scatter(point["cost_usd"] * 1000, point["accuracy"], marker=marker, label=name, s=40)
+    ax.set_xscale("symlog", linthresh=0.1)
+    ax.set_xlabel("cost per 1,000 questions (USD)")
+    ax.set_ylabel("accuracy on held-out items")
+    ax.set_title(f"conductor-mini routers, {report['held_out_items']} held-out items")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _table(report: dict[str, Any]) -> Table:
     """Held-out accuracy and cost: each worker alone, random, the oracle, and per router the
     area under its curve and its most accurate point."""
     table = Table(title=f"held-out items: {report['held_out_items']}")
-    for column in ("strategy", "accuracy", "cost per 1k questions (USD)", "curve area"):
+    columns = ("strategy", "accuracy", "cost per 1k questions (USD)", "curve area (95% CI)")
+    for column in columns:
         table.add_column(column)
     rows = [(f"single:{w}", s, "") for w, s in report["single"].items()]
     rows += [("random", report["random"], ""), ("oracle", report["oracle"], "")]
     for curve in report["curves"]:
         best = max(curve["points"], key=lambda p: (p["accuracy"], -p["cost_usd"]))
-        rows.append((f"{curve['name']} (most accurate)", best, f"{curve['area']:.3f}"))
+        low, high = curve["area_ci"]
+        area = f"{curve['area']:.3f} ({low:.3f}-{high:.3f})"
+        rows.append((f"{curve['name']} (most accurate)", best, area))
     for name, point, area in rows:
         table.add_row(name, f"{point['accuracy']:.1%}", f"{point['cost_usd'] * 1000:.3f}", area)
     return table

@@ -201,7 +201,11 @@ def test_router_train_learns_from_an_evaluation_and_serves_what_it_measured(
     )
     assert trained.returncode == 0, trained.stderr
     assert "held-out items" in trained.stderr
+    assert (tmp_path / "router.report.png").stat().st_size > 10_000
     report = json.loads((tmp_path / "router.report.json").read_text())
+    for curve in report["curves"]:
+        low, high = curve["area_ci"]
+        assert low <= curve["area"] <= high
     router = Router.load(router_file)
     assert router.model.cost_weight == 0.02
     assert set(router.names) == {"sim-frontier", "sim-math", "sim-coder", "sim-small"}
@@ -209,7 +213,7 @@ def test_router_train_learns_from_an_evaluation_and_serves_what_it_measured(
     from conductor_evaluation import is_held_out
     from conductor_trainer.router import routing_data
 
-    data = routing_data(evaluated)
+    data = routing_data([evaluated])
     held = [
         (i, item)
         for i, item in enumerate(data.items)
@@ -218,12 +222,12 @@ def test_router_train_learns_from_an_evaluation_and_serves_what_it_measured(
     assert len(held) == report["held_out_items"]
     curve = next(c for c in report["curves"] if c["name"] == "router")
     for point in curve["points"][::6]:
-        right = 0
+        right = 0.0
         for i, item in held:
             decision = router.choose(item.question, cost_weight=point["cost_weight"])
             assert decision is not None
-            right += int(data.right[i, data.workers.index(decision.worker)])
-        assert right == point["correct"]
+            right += data.right[i, data.workers.index(decision.worker)]
+        assert right == pytest.approx(point["correct"])
     refused = run_conductor("router", "train", str(tmp_path / "nothing"))
     assert refused.returncode == 2
     assert "no single-worker results" in refused.stderr
@@ -354,3 +358,48 @@ def test_conductor_serve_answers_conductor_mini_with_the_routed_worker(tmp_path:
     finally:
         workers.stop()
         planner.stop()
+
+
+def test_the_same_items_evaluated_twice_count_as_their_share_of_right_answers(
+    tmp_path: Path,
+) -> None:
+    from conductor_evaluation import ItemResult
+    from conductor_trainer.router import routing_data
+
+    items = tmp_path / "items.jsonl"
+    items.write_text(
+        "\n".join(
+            json.dumps(
+                {"id": str(n), "question": f"What is {n} + 1?", "answer": n + 1, "kind": "math"}
+            )
+            for n in range(3)
+        )
+    )
+    runs = []
+    for roll, outcomes in enumerate([(True, False, True), (False, False, True)]):
+        run = tmp_path / f"eval-{roll}"
+        run.mkdir()
+        lines = [
+            ItemResult(
+                suite=str(items),
+                item_id=str(n),
+                strategy=f"single:{worker}",
+                correct=right if worker == "a" else not right,
+                status="completed",
+                cost_usd=0.001 * (roll + 1),
+            ).model_dump_json()
+            for n, right in enumerate(outcomes)
+            for worker in ("a", "b")
+        ]
+        (run / "results.jsonl").write_text("\n".join(lines) + "\n")
+        runs.append(run)
+
+    data = routing_data(runs)
+
+    assert data.workers == ["a", "b"]
+    assert [item.id for item in data.items] == ["0", "1", "2"]
+    assert data.right[:, 0].tolist() == [0.5, 0.0, 1.0]
+    assert data.right[:, 1].tolist() == [0.5, 1.0, 0.0]
+    assert data.cost[:, 0].tolist() == pytest.approx([0.0015] * 3)
+    with pytest.raises(ConfigurationError, match="no single-worker results"):
+        routing_data([tmp_path / "empty"])

@@ -32,7 +32,9 @@ from conductor_adapters.router import PER_QUESTIONS, Router, RouterModel, Worker
 from conductor_evaluation import EvalItem, ItemResult, ResultStore, is_held_out, load_suite
 
 SINGLE = "single:"
+HEAD_C = 1.0  # inverse regularisation of each logistic head (scikit-learn's default)
 KNN_NEIGHBOURS = 15
+BOOTSTRAP = 300  # resamples of the held-out items for the confidence intervals
 CLUSTERS = 20
 # Cost weights swept for the curves: 0 (accuracy only), then up to where the cheapest worker wins.
 COST_WEIGHTS = (0.0, *np.geomspace(0.001, 2.0, 24).round(5).tolist())
@@ -42,7 +44,8 @@ Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 @dataclass
 class RoutingData:
-    """Items with, per worker, right (1.0), wrong (0.0) or not run (nan), and the cost."""
+    """Items with, per worker, the share of right answers over the evaluations that ran it
+    (1.0 or 0.0 from one evaluation; nan: not run), and the mean cost."""
 
     items: list[EvalItem]
     workers: list[str]
@@ -54,42 +57,52 @@ class RoutingData:
         return np.array([is_held_out(item) for item in self.items])
 
 
-def routing_data(eval_dir: Path) -> RoutingData:
-    """The ``single:*`` results of an evaluation directory, with their items."""
-    results = [r for r in ResultStore(eval_dir).load() if r.strategy.startswith(SINGLE)]
-    if not results:
-        raise ConfigurationError(
-            f"{eval_dir}: no single-worker results to learn from; run `conductor eval "
-            f"--strategies 'single:*' --out {eval_dir}` first"
-        )
+def routing_data(eval_dirs: Sequence[Path]) -> RoutingData:
+    """The ``single:*`` results of one or more evaluation directories, with their items. The
+    same item evaluated several times (the simulator with other seeds, a provider's answers on
+    other days) counts as the share of its right answers: a softer, truer label than one roll."""
+    results: list[ItemResult] = []
+    for eval_dir in eval_dirs:
+        found = [r for r in ResultStore(eval_dir).load() if r.strategy.startswith(SINGLE)]
+        if not found:
+            raise ConfigurationError(
+                f"{eval_dir}: no single-worker results to learn from; run `conductor eval "
+                f"--strategies 'single:*' --out {eval_dir}` first"
+            )
+        results += [r for r in found if r.status != "error"]
     workers = sorted({r.strategy.removeprefix(SINGLE) for r in results})
-    by_item: dict[tuple[str, str], dict[str, ItemResult]] = {}
+    column = {worker: j for j, worker in enumerate(workers)}
+    by_item: dict[tuple[str, str], list[ItemResult]] = {}
     for r in results:
-        by_item.setdefault((r.suite, r.item_id), {})[r.strategy.removeprefix(SINGLE)] = r
-    items = _items(eval_dir, sorted({suite for suite, _ in by_item}), set(by_item))
-    right = np.full((len(items), len(workers)), np.nan)
-    cost = np.full((len(items), len(workers)), np.nan)
+        by_item.setdefault((r.suite, r.item_id), []).append(r)
+    items = _items(eval_dirs, sorted({suite for suite, _ in by_item}), set(by_item))
+    right = np.zeros((len(items), len(workers)))
+    cost = np.zeros((len(items), len(workers)))
+    runs = np.zeros((len(items), len(workers)))
     for i, item in enumerate(items):
-        for j, worker in enumerate(workers):
-            found = by_item[(item.suite, item.id)].get(worker)
-            if found is not None and found.status != "error":
-                right[i, j] = float(found.correct)
-                cost[i, j] = found.cost_usd
-    return RoutingData(items, workers, right, cost)
+        for r in by_item[(item.suite, item.id)]:
+            j = column[r.strategy.removeprefix(SINGLE)]
+            right[i, j] += r.correct
+            cost[i, j] += r.cost_usd
+            runs[i, j] += 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return RoutingData(items, workers, right / runs, cost / runs)
 
 
-def _items(eval_dir: Path, suites: list[str], keys: set[tuple[str, str]]) -> list[EvalItem]:
+def _items(
+    eval_dirs: Sequence[Path], suites: list[str], keys: set[tuple[str, str]]
+) -> list[EvalItem]:
     items: list[EvalItem] = []
     for suite in suites:
         try:
             loaded = load_suite(suite)
         except ConfigurationError as exc:
-            raise ConfigurationError(
-                f"{eval_dir}: its suite {suite} cannot be loaded: {exc}"
-            ) from exc
+            message = f"the evaluated suite {suite} cannot be loaded: {exc}"
+            raise ConfigurationError(message) from exc
         items += [item for item in loaded if (item.suite, item.id) in keys]
     if not items:
-        raise ConfigurationError(f"{eval_dir}: none of its items are in the suites named")
+        names = ", ".join(str(d) for d in eval_dirs)
+        raise ConfigurationError(f"{names}: none of the items evaluated are in their suites")
     return items
 
 
@@ -140,14 +153,19 @@ def train_router(
     for j, worker in enumerate(data.workers):
         notify("fitting", j, len(data.workers))
         known = ~held & ~np.isnan(data.right[:, j])
-        labels = data.right[known, j]
-        if len(labels) == 0:
+        shares = data.right[known, j]
+        if len(shares) == 0:
             raise ConfigurationError(f"worker {worker} has no training results")
-        if labels.min() == labels.max():  # always right or always wrong: a constant head
-            rate = min(max(labels.mean(), 0.01), 0.99)
+        if shares.min() == shares.max():  # always right or always wrong: a constant head
+            rate = min(max(shares.mean(), 0.01), 0.99)
             coef, intercept = [0.0] * embedder.dim, math.log(rate / (1 - rate))
         else:
-            fitted = LogisticRegression(C=1.0, max_iter=2000).fit(embeddings[known], labels)
+            # Each item twice, as right with weight = its share of right answers and as wrong
+            # with the rest: the head fits the share, not a coin flip.
+            x = np.concatenate([embeddings[known], embeddings[known]])
+            y = np.concatenate([np.ones(len(shares)), np.zeros(len(shares))])
+            weights = np.concatenate([shares, 1 - shares])
+            fitted = LogisticRegression(C=HEAD_C, max_iter=2000).fit(x, y, sample_weight=weights)
             coef, intercept = fitted.coef_[0].tolist(), float(fitted.intercept_[0])
         heads.append(
             WorkerHead(
@@ -207,18 +225,23 @@ def routing_report(
     train_cost = np.nanmean(data.cost[train], axis=0)
     rows = np.arange(n)
 
+    picks: dict[str, npt.NDArray[np.int_]] = {}  # per router: (cost weights, items)
+
     def sweep(name: str, p_right: npt.NDArray[np.float64]) -> Curve:
         curve = Curve(name)
+        chosen = []
         for weight in COST_WEIGHTS:
             pick = (p_right - weight * train_cost * PER_QUESTIONS).argmax(axis=1)
+            chosen.append(pick)
             curve.points.append(
                 {
                     "cost_weight": weight,
                     "accuracy": float(right[rows, pick].mean()),
                     "cost_usd": float(cost[rows, pick].mean()),
-                    "correct": int(right[rows, pick].sum()),
+                    "correct": float(right[rows, pick].sum()),
                 }
             )
+        picks[name] = np.array(chosen)
         return curve
 
     held_embeddings = embeddings[complete]
@@ -235,11 +258,11 @@ def routing_report(
         sweep("knn", train_right[nearest].mean(axis=1)),
         sweep("cluster", per_cluster[kmeans.predict(held_embeddings)]),
     ]
-    singles = {
+    singles: dict[str, dict[str, Any]] = {
         worker: {
             "accuracy": float(right[:, j].mean()),
             "cost_usd": float(cost[:, j].mean()),
-            "correct": int(right[:, j].sum()),
+            "correct": float(right[:, j].sum()),
         }
         for j, worker in enumerate(data.workers)
     }
@@ -256,6 +279,9 @@ def routing_report(
         ]
     )
     max_cost = max(s["cost_usd"] for s in singles.values())
+    areas = _bootstrap_areas(right, cost, picks, max_cost)
+    for j, worker in enumerate(data.workers):
+        singles[worker]["accuracy_ci"] = _bootstrap_accuracy(right[:, j])
     return {
         "held_out_items": n,
         "workers": data.workers,
@@ -264,10 +290,57 @@ def routing_report(
         "random": _point(right, cost, random_pick),
         "oracle": _point(right, cost, oracle),
         "curves": [
-            {"name": c.name, "area": round(c.area(max_cost), 4), "points": c.points} for c in curves
+            {
+                "name": c.name,
+                "area": round(c.area(max_cost), 4),
+                "area_ci": _interval(areas[c.name]),
+                # Paired over the same resampled items: above 0 means the router is ahead.
+                "router_minus_this_ci": _interval(areas["router"] - areas[c.name]),
+                "points": c.points,
+            }
+            for c in curves
         ],
+        "bootstrap": f"{BOOTSTRAP} resamples of the held-out items, 95% intervals",
         "max_cost_usd": max_cost,
     }
+
+
+def _interval(values: npt.NDArray[np.float64]) -> list[float]:
+    low, high = np.percentile(values, [2.5, 97.5])
+    return [round(float(low), 4), round(float(high), 4)]
+
+
+def _bootstrap_accuracy(right: npt.NDArray[np.float64]) -> list[float]:
+    rng = np.random.default_rng(0)
+    samples = rng.integers(0, len(right), size=(BOOTSTRAP, len(right)))
+    return _interval(right[samples].mean(axis=1))
+
+
+def _bootstrap_areas(
+    right: npt.NDArray[np.float64],
+    cost: npt.NDArray[np.float64],
+    picks: dict[str, npt.NDArray[np.int_]],
+    max_cost: float,
+) -> dict[str, npt.NDArray[np.float64]]:
+    """Each router's curve area on ``BOOTSTRAP`` resamples of the held-out items (the same
+    resamples for every router, so their differences are paired)."""
+    rng = np.random.default_rng(0)
+    n = right.shape[0]
+    samples = rng.integers(0, n, size=(BOOTSTRAP, n))
+    areas: dict[str, npt.NDArray[np.float64]] = {}
+    for name, chosen in picks.items():  # chosen: (weights, items)
+        got = np.take_along_axis(right, chosen.T, axis=1).T  # (weights, items)
+        spent = np.take_along_axis(cost, chosen.T, axis=1).T
+        areas[name] = np.array(
+            [
+                curve_area(
+                    list(zip(spent[:, s].mean(axis=1), got[:, s].mean(axis=1), strict=True)),
+                    max_cost,
+                )
+                for s in samples
+            ]
+        )
+    return areas
 
 
 def _point(
@@ -277,5 +350,5 @@ def _point(
     return {
         "accuracy": float(right[rows, pick].mean()),
         "cost_usd": float(cost[rows, pick].mean()),
-        "correct": int(right[rows, pick].sum()),
+        "correct": float(right[rows, pick].sum()),
     }
