@@ -13,7 +13,6 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 import pytest
-import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai import OpenAI
@@ -33,6 +32,7 @@ from conductor_trainer.router import curve_area
 
 from fakes.api_process import announced_addresses, start_api_role
 from fakes.cli import run_conductor
+from fakes.gateway_process import write_pool_file
 from fakes.openai_server import FakeOpenAIServer
 from fakes.scripted import ScriptedBackend, lists
 
@@ -311,21 +311,16 @@ def test_conductor_serve_answers_conductor_mini_with_the_routed_worker(tmp_path:
     workers.start()
     planner.start()
     try:
-        pool = {
-            "workers": {
-                name: {
-                    "provider": "openai-compatible",
-                    "model": name,
-                    "base_url": workers.base_url,
-                    "price": {"input": 1.0, "output": 2.0},
-                }
+        pool_file = write_pool_file(
+            tmp_path / "pool.yaml",
+            {
+                name: {"provider": "openai-compatible", "model": name, "base_url": workers.base_url}
                 for name in ("solver", "checker")
-            }
-        }
-        (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
+            },
+        )
         save_router_model(_router_for(["solver", "checker"], "checker"), tmp_path / "router.json")
         env = {
-            "CONDUCTOR_POOL_FILE": str(tmp_path / "pool.yaml"),
+            "CONDUCTOR_POOL_FILE": str(pool_file),
             "CONDUCTOR_PLANNER_BACKEND": "openai",
             "CONDUCTOR_PLANNER_BASE_URL": planner.base_url,
             "CONDUCTOR_PLANNER_MODEL": "fake-conductor",
@@ -403,3 +398,54 @@ def test_the_same_items_evaluated_twice_count_as_their_share_of_right_answers(
     assert data.cost[:, 0].tolist() == pytest.approx([0.0015] * 3)
     with pytest.raises(ConfigurationError, match="no single-worker results"):
         routing_data([tmp_path / "empty"])
+
+
+# -- the router as a strategy of conductor eval -------------------------------------------------
+
+DOCUMENTED_ROUTER = Path(__file__).resolve().parents[2] / "docs/runs/router-sim/router.json"
+
+
+def test_router_strategies_name_their_file_digest_and_refuse_a_bad_file(tmp_path: Path) -> None:
+    from conductor.variants import BUILTIN_VARIANTS
+    from conductor_evaluation.sim import builtin_sim_pool
+    from conductor_evaluation.strategies import Kind, parse_strategies
+
+    pool = builtin_sim_pool()
+    plain, weighted = parse_strategies(
+        f"router:{DOCUMENTED_ROUTER},router:{DOCUMENTED_ROUTER}:0.05", pool, BUILTIN_VARIANTS
+    )
+    assert plain.kind is weighted.kind is Kind.ROUTER
+    assert plain.name.startswith("router:router.json@")
+    assert (plain.cost_weight, weighted.cost_weight) == (None, 0.05)
+    assert weighted.name == f"{plain.name}:0.05"
+    (tmp_path / "bad.json").write_text("[]")
+    with pytest.raises(ConfigurationError, match=r"bad\.json: format 'list'"):
+        parse_strategies(f"router:{tmp_path / 'bad.json'}", pool, BUILTIN_VARIANTS)
+    save_router_model(_router_for(["nobody"], "nobody"), tmp_path / "other.json")
+    with pytest.raises(ConfigurationError, match="knows none of the pool's workers"):
+        parse_strategies(f"router:{tmp_path / 'other.json'}", pool, BUILTIN_VARIANTS)
+
+
+@pytest.mark.model
+@pytest.mark.processes
+def test_conductor_eval_runs_a_trained_router_on_held_out_items(tmp_path: Path) -> None:
+    done = run_conductor(
+        "eval",
+        "--pool",
+        "sim",
+        "--suite",
+        "gsm8k,mbpp",
+        "--limit",
+        "10",
+        "--held-out",
+        "--strategies",
+        f"router:{DOCUMENTED_ROUTER}:0.02,single:sim-frontier",
+        "--out",
+        str(tmp_path),
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    suites = json.loads((tmp_path / "report.json").read_text())["suites"]
+    routed = [r for rows in suites.values() for r in rows if r["kind"] == "router"]
+    assert len(routed) == 2
+    assert all(r["n"] == 10 and r["failed"] == 0 for r in routed)

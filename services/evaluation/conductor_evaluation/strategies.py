@@ -9,6 +9,8 @@ retries, quotas and accounting, and the comparison is fair:
 - ``moa[:A+B+C>AGG]``: Mixture-of-Agents: proposers answer independently, an aggregator sees
   them all and writes the answer (default: up to four workers, the priciest one aggregating).
 - ``random``: one step on a worker drawn at random per question (seeded).
+- ``router:FILE[:WEIGHT]``: one step on the worker a trained router (``conductor router
+  train``) picks per question, at its file's cost weight or WEIGHT.
 - ``oracle``: per question, the best single worker (an upper bound for routing; computed from
   the ``single:*`` results, which it adds).
 - any variant name (``conductor-mini``, ``conductor-ultra``, an operator variant): the Conductor.
@@ -21,12 +23,14 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 
 from conductor.errors import ConfigurationError
 from conductor.pool import Pool
 from conductor.ports import PlanRequest
 from conductor.variants import MAX_STEPS_LIMIT, Variant
 from conductor.workflow import ALL, AccessEntry, Plan, PlanOutcome, PlanStep
+from conductor_adapters.router import Router, load_router_model
 
 SOLVE = "Solve the question and give the final answer in the format the question asks for."
 REVIEW = (
@@ -47,6 +51,7 @@ class Kind(StrEnum):
     REFLECT = "reflect"
     MOA = "moa"
     RANDOM = "random"
+    ROUTER = "router"
     ORACLE = "oracle"
 
 
@@ -57,6 +62,8 @@ class Strategy:
     workers: tuple[str, ...] = ()  # single/reflect: the worker; moa: proposers then aggregator
     rounds: int = 0  # reflect: review rounds
     variant: Variant | None = None  # conductor: the variant
+    router: Path | None = None  # router: its file
+    cost_weight: float | None = None  # router: None for the file's own
     seed: int = field(default=0, compare=False)
 
     @property
@@ -107,14 +114,41 @@ def _parse_one(
         return [Strategy(label, Kind.MOA, moa, seed=seed)]
     if spec == "random":
         return [Strategy("random", Kind.RANDOM, tuple(names), seed=seed)]
+    if head == "router" and rest:
+        return [_router_strategy(rest, names, spec, seed)]
     if spec == "oracle":
         return [Strategy("oracle", Kind.ORACLE, tuple(names), seed=seed)]
     if spec in variants:
         return [Strategy(spec, Kind.CONDUCTOR, variant=variants[spec], seed=seed)]
     raise ConfigurationError(
         f"unknown strategy {spec!r}: use a variant ({', '.join(sorted(variants))}), "
-        "single:NAME, single:*, reflect:NAME[:K], moa[:A+B>AGG], random or oracle"
+        "single:NAME, single:*, reflect:NAME[:K], moa[:A+B>AGG], random, router:FILE[:WEIGHT] "
+        "or oracle"
     )
+
+
+def _router_strategy(rest: str, names: list[str], spec: str, seed: int) -> Strategy:
+    """``router:FILE`` or ``router:FILE:WEIGHT``; the file is loaded now, so a bad one stops
+    the evaluation before anything runs."""
+    path_text, _, weight_text = rest.rpartition(":")
+    weight: float | None = None
+    try:
+        weight = float(weight_text) if path_text else None
+    except ValueError:
+        weight = None
+    if weight is None:
+        path_text = rest
+    elif weight < 0:
+        raise ConfigurationError(f"{spec}: the cost weight must be >= 0")
+    path = Path(path_text)
+    model = load_router_model(path)
+    if not set(names) & {w.name for w in model.workers}:
+        raise ConfigurationError(f"{spec}: the router knows none of the pool's workers")
+    # The file's digest in the name: results are cached by strategy name, and a retrained
+    # router under the same file name is another strategy.
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:8]
+    label = f"router:{path.name}@{digest}" + (f":{weight:g}" if weight is not None else "")
+    return Strategy(label, Kind.ROUTER, tuple(names), router=path, cost_weight=weight, seed=seed)
 
 
 def _moa_workers(rest: str, pool: Pool, names: list[str], spec: str) -> tuple[str, ...]:
@@ -184,6 +218,7 @@ class FixedPlanner:
         if not strategy.runs or strategy.kind is Kind.CONDUCTOR:
             raise ValueError(f"{strategy.name} has no fixed plan")
         self.strategy = strategy
+        self._router = Router.load(strategy.router) if strategy.router is not None else None
 
     async def plan(self, request: PlanRequest) -> PlanOutcome:
         plan = self.plan_for(request.question, [e.name for e in request.pool])
@@ -210,6 +245,12 @@ class FixedPlanner:
                 digest = hashlib.sha256(f"{s.seed}\0{question}".encode()).digest()
                 worker = random.Random(digest).choice(list(s.workers))
                 steps = [step(worker, SOLVE)]
+            case Kind.ROUTER:
+                assert self._router is not None
+                decision = self._router.choose(question, allowed=pool, cost_weight=s.cost_weight)
+                if decision is None:
+                    raise ConfigurationError(f"{s.name}: the router knows none of the workers")
+                steps = [step(decision.worker, SOLVE)]
             case Kind.REFLECT:
                 first = step(s.workers[0], SOLVE)
                 steps = [first, *(step(s.workers[0], REVIEW, (ALL,)) for _ in range(s.rounds))]
