@@ -360,6 +360,7 @@ class WorkflowMachine:
             prior=prior,
             temperature=variant.planner_temperature,
             max_tokens=variant.planner_max_tokens,
+            cost_weight=variant.router_cost_weight,
         )
 
     # -- deadlines --------------------------------------------------------------------------

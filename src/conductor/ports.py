@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Collection, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from conductor.chat import ChatMessage, Completion, Usage
 from conductor.streaming import StreamEvent
@@ -130,6 +130,8 @@ class PlanRequest(BaseModel):
     temperature: float = 0.3
     max_tokens: int = 1024
     fallback_model_id: int = 0
+    # A learned router's cost weight for this request (one-step variants); None: its own.
+    cost_weight: float | None = Field(default=None, ge=0)
 
 
 class Planner(Protocol):

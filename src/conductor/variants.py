@@ -25,6 +25,9 @@ class Variant(BaseModel):
     parallel: bool = True
     planner_temperature: float = Field(default=0.3, ge=0, le=2)
     planner_max_tokens: int = Field(default=1024, gt=0)
+    # One-step variants served by a learned router: the chance of a right answer it gives up
+    # per USD per 1,000 questions saved. None: the router file's own.
+    router_cost_weight: float | None = Field(default=None, ge=0)
     # Deadlines: a step (or a Conductor call) with no answer in step_timeout_s is sent again
     # once, then fails; a workflow still running after workflow_timeout_s fails.
     step_timeout_s: float = Field(default=600.0, gt=0)

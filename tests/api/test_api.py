@@ -545,6 +545,11 @@ def test_grpc_submit_get_and_watch(api: Api) -> None:
             400,
             "max_steps",
         ),
+        (
+            {"model": "conductor-mini", "messages": QUESTION, "conductor": {"cost_weight": -1}},
+            400,
+            "cost_weight",
+        ),
         ({"model": "conductor-mini", "messages": QUESTION, "stream": "yes"}, 400, "stream"),
         (b"x" * (3 * 1024 * 1024), 413, "over"),
     ],

@@ -269,6 +269,19 @@ async def test_a_one_step_request_is_routed_and_its_scores_are_the_calls_output(
     assert set(record["scores"]) == {"gamma", "alpha"}  # the allowed workers it knows
 
 
+async def test_the_requests_cost_weight_reaches_the_router_over_the_wire() -> None:
+    from conductor_adapters.rpc.planner_wire import request_from_proto, request_to_proto
+
+    cheapest = min(ROUTER.model.workers, key=lambda w: w.cost_usd).name
+    planner = ConductorPlanner(ScriptedBackend(["unused"]), router=ROUTER)  # type: ignore[arg-type]
+    pool = [PoolEntry(name=name, description=name) for name in NAMES]
+    for request in (_plan_request(pool=pool, cost_weight=1000.0), _plan_request(pool=pool)):
+        assert request_from_proto(request_to_proto(request)) == request  # distributed: gRPC
+    outcome = await planner.plan(_plan_request(pool=pool, cost_weight=1000.0))
+    assert pool[outcome.plan.steps[0].model_id].name == cheapest
+    assert json.loads(outcome.raw_output)["cost_weight"] == 1000.0
+
+
 async def test_the_model_plans_what_the_router_cannot_decide_and_says_why() -> None:
     backend = ScriptedBackend([lists([0], ["Solve it."], [[]])])
     planner = ConductorPlanner(backend, router=ROUTER)  # type: ignore[arg-type]
@@ -287,7 +300,8 @@ async def test_the_model_plans_what_the_router_cannot_decide_and_says_why() -> N
 
 
 def _router_for(names: list[str], favourite: str) -> RouterModel:
-    """A router over ``names`` that is sure ``favourite`` is right and the others wrong."""
+    """A router over ``names`` that is sure ``favourite`` is right and the others wrong, and
+    whose favourite costs 100 times what the others do."""
     return RouterModel(
         dim=256,
         workers=[
@@ -295,7 +309,7 @@ def _router_for(names: list[str], favourite: str) -> RouterModel:
                 name=name,
                 coef=[0.0] * 256,
                 intercept=4.0 if name == favourite else -4.0,
-                cost_usd=0.001,
+                cost_usd=0.01 if name == favourite else 0.0001,
                 trained_on=10,
             )
             for name in names
@@ -337,6 +351,13 @@ def test_conductor_serve_answers_conductor_mini_with_the_routed_worker(tmp_path:
                 )
             assert reply.choices[0].message.content == "routed answer"
             assert workers.chat_requests[-1].json["model"] == "checker"
+            # A request that weighs cost heavily gets the cheap worker.
+            client.chat.completions.create(
+                model="conductor-mini",
+                messages=[{"role": "user", "content": "What is 6 * 7?"}],
+                extra_body={"conductor": {"cost_weight": 1.0}},
+            )
+            assert workers.chat_requests[-1].json["model"] == "solver"
             assert not planner.chat_requests  # the language-model Conductor was never asked
             workflow_id = (reply.model_extra or {})["conductor"]["workflow_id"]
             workflow = httpx.get(f"{url}/v1/workflows/{workflow_id}").json()

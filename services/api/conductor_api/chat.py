@@ -152,7 +152,7 @@ async def chat_completions(
     body: ChatCompletionRequest, request: Request, caller: CallerDep
 ) -> JSONResponse | StreamingResponse:
     """Answer the messages with a workflow (model = a variant) or one worker (model = its
-    name). Extra request field ``conductor: {pool, max_steps}``; extra response field
+    name). Extra request field ``conductor: {pool, max_steps, cost_weight}``; extra response field
     ``conductor`` with the workflow id and its steps."""
     service: WorkflowService = request.app.state.service
     metrics: ApiMetrics = request.app.state.metrics
@@ -170,6 +170,7 @@ async def chat_completions(
         variant=body.model,
         pool=options.pool if options else None,
         max_steps=options.max_steps if options else None,
+        cost_weight=options.cost_weight if options else None,
         metadata=body.metadata,
     )
     workflow_id = await service.submit(submission)

@@ -39,6 +39,7 @@ async def submit(body: WorkflowSubmission, request: Request, caller: CallerDep) 
         variant=body.variant,
         pool=body.pool,
         max_steps=body.max_steps,
+        cost_weight=body.cost_weight,
         metadata=body.metadata,
     )
     workflow_id = await service.submit(submission)

@@ -153,11 +153,16 @@ class WorkflowService(ABC):
 
     # -- shared rules -----------------------------------------------------------------------
 
-    def variant_for(self, name: str | None, max_steps: int | None) -> Variant:
-        """The variant a request names (the default when it names none), with its max_steps."""
+    def variant_for(
+        self, name: str | None, max_steps: int | None, cost_weight: float | None = None
+    ) -> Variant:
+        """The variant a request names (the default when it names none), with its max_steps
+        and router cost weight."""
         variant = get_variant(name or self.default_variant, self.variants)
         if max_steps is not None:
             variant = variant.model_copy(update={"max_steps": max_steps})
+        if cost_weight is not None:
+            variant = variant.model_copy(update={"router_cost_weight": cost_weight})
         return variant
 
     def allowed_workers(self, caller: Caller) -> list[str]:
@@ -195,6 +200,7 @@ class WorkflowService(ABC):
         variant: str | None = None,
         pool: Sequence[str] | None = None,
         max_steps: int | None = None,
+        cost_weight: float | None = None,
         metadata: Mapping[str, str] | None = None,
     ) -> SubmitRequest:
         """A request checked against every rule before anything is recorded: the question,
@@ -204,7 +210,7 @@ class WorkflowService(ABC):
             check_no_nul(f"the label {key!r}", key + value)
         return SubmitRequest(
             question=question,
-            variant=self.variant_for(variant, max_steps),
+            variant=self.variant_for(variant, max_steps, cost_weight),
             pool=self.resolve_pool(caller, pool),
             tenant=caller.tenant,
             metadata=dict(metadata or {}),

@@ -65,7 +65,9 @@ class ConductorPlanner:
         """The router's one-step plan, or why it could not decide."""
         started = time.perf_counter()
         ids = {entry.name: i for i, entry in enumerate(request.pool) if not entry.is_conductor}
-        decision = router.choose(request.question, allowed=ids.keys())
+        decision = router.choose(
+            request.question, allowed=ids.keys(), cost_weight=request.cost_weight
+        )
         if decision is None:
             return "the router knows none of the allowed workers: planned by the model"
         step = PlanStep(model_id=ids[decision.worker], subtask=request.question)

@@ -133,6 +133,7 @@ def request_to_proto(request: PlanRequest) -> Any:
         max_tokens=request.max_tokens,
         fallback_model_id=request.fallback_model_id,
         workflow_max_steps=request.workflow_max_steps or 0,
+        cost_weight=request.cost_weight,
     )
 
 
@@ -151,6 +152,7 @@ def request_from_proto(message: Any) -> PlanRequest:
         ),
         max_tokens=message.max_tokens if message.HasField("max_tokens") else _DEFAULTS.max_tokens,
         fallback_model_id=message.fallback_model_id,
+        cost_weight=message.cost_weight if message.HasField("cost_weight") else None,
     )
 
 

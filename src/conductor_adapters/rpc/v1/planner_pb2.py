@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from . import common_pb2 as conductor_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63onductor/v1/planner.proto\x12\x0c\x63onductor.v1\x1a\x19\x63onductor/v1/common.proto\"h\n\nPriorRound\x12 \n\x04plan\x18\x01 \x01(\x0b\x32\x12.conductor.v1.Plan\x12\x0f\n\x07\x61nswers\x18\x02 \x03(\t\x12\x13\n\x0blast_answer\x18\x03 \x01(\t\x12\x12\n\nunanswered\x18\x04 \x03(\x05\"\x9a\x02\n\x0bPlanRequest\x12\x10\n\x08question\x18\x01 \x01(\t\x12%\n\x04pool\x18\x02 \x03(\x0b\x32\x17.conductor.v1.PoolEntry\x12\x11\n\tmax_steps\x18\x03 \x01(\x05\x12\r\n\x05round\x18\x04 \x01(\x05\x12\'\n\x05prior\x18\x05 \x01(\x0b\x32\x18.conductor.v1.PriorRound\x12\x18\n\x0btemperature\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x19\n\x11\x66\x61llback_model_id\x18\x08 \x01(\x05\x12\x1a\n\x12workflow_max_steps\x18\t \x01(\x05\x42\x0e\n\x0c_temperatureB\r\n\x0b_max_tokens\"7\n\x0cPlanResponse\x12\'\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x19.conductor.v1.PlannerCall2H\n\x07Planner\x12=\n\x04Plan\x12\x19.conductor.v1.PlanRequest\x1a\x1a.conductor.v1.PlanResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x63onductor/v1/planner.proto\x12\x0c\x63onductor.v1\x1a\x19\x63onductor/v1/common.proto\"h\n\nPriorRound\x12 \n\x04plan\x18\x01 \x01(\x0b\x32\x12.conductor.v1.Plan\x12\x0f\n\x07\x61nswers\x18\x02 \x03(\t\x12\x13\n\x0blast_answer\x18\x03 \x01(\t\x12\x12\n\nunanswered\x18\x04 \x03(\x05\"\xc4\x02\n\x0bPlanRequest\x12\x10\n\x08question\x18\x01 \x01(\t\x12%\n\x04pool\x18\x02 \x03(\x0b\x32\x17.conductor.v1.PoolEntry\x12\x11\n\tmax_steps\x18\x03 \x01(\x05\x12\r\n\x05round\x18\x04 \x01(\x05\x12\'\n\x05prior\x18\x05 \x01(\x0b\x32\x18.conductor.v1.PriorRound\x12\x18\n\x0btemperature\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x07 \x01(\x05H\x01\x88\x01\x01\x12\x19\n\x11\x66\x61llback_model_id\x18\x08 \x01(\x05\x12\x1a\n\x12workflow_max_steps\x18\t \x01(\x05\x12\x18\n\x0b\x63ost_weight\x18\n \x01(\x01H\x02\x88\x01\x01\x42\x0e\n\x0c_temperatureB\r\n\x0b_max_tokensB\x0e\n\x0c_cost_weight\"7\n\x0cPlanResponse\x12\'\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x19.conductor.v1.PlannerCall2H\n\x07Planner\x12=\n\x04Plan\x12\x19.conductor.v1.PlanRequest\x1a\x1a.conductor.v1.PlanResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,9 +35,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PRIORROUND']._serialized_start=71
   _globals['_PRIORROUND']._serialized_end=175
   _globals['_PLANREQUEST']._serialized_start=178
-  _globals['_PLANREQUEST']._serialized_end=460
-  _globals['_PLANRESPONSE']._serialized_start=462
-  _globals['_PLANRESPONSE']._serialized_end=517
-  _globals['_PLANNER']._serialized_start=519
-  _globals['_PLANNER']._serialized_end=591
+  _globals['_PLANREQUEST']._serialized_end=502
+  _globals['_PLANRESPONSE']._serialized_start=504
+  _globals['_PLANRESPONSE']._serialized_end=559
+  _globals['_PLANNER']._serialized_start=561
+  _globals['_PLANNER']._serialized_end=633
 # @@protoc_insertion_point(module_scope)

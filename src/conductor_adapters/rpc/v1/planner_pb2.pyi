@@ -20,7 +20,7 @@ class PriorRound(_message.Message):
     def __init__(self, plan: _Optional[_Union[_common_pb2.Plan, _Mapping]] = ..., answers: _Optional[_Iterable[str]] = ..., last_answer: _Optional[str] = ..., unanswered: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PlanRequest(_message.Message):
-    __slots__ = ("question", "pool", "max_steps", "round", "prior", "temperature", "max_tokens", "fallback_model_id", "workflow_max_steps")
+    __slots__ = ("question", "pool", "max_steps", "round", "prior", "temperature", "max_tokens", "fallback_model_id", "workflow_max_steps", "cost_weight")
     QUESTION_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,7 @@ class PlanRequest(_message.Message):
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     WORKFLOW_MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
+    COST_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     question: str
     pool: _containers.RepeatedCompositeFieldContainer[_common_pb2.PoolEntry]
     max_steps: int
@@ -39,7 +40,8 @@ class PlanRequest(_message.Message):
     max_tokens: int
     fallback_model_id: int
     workflow_max_steps: int
-    def __init__(self, question: _Optional[str] = ..., pool: _Optional[_Iterable[_Union[_common_pb2.PoolEntry, _Mapping]]] = ..., max_steps: _Optional[int] = ..., round: _Optional[int] = ..., prior: _Optional[_Union[PriorRound, _Mapping]] = ..., temperature: _Optional[float] = ..., max_tokens: _Optional[int] = ..., fallback_model_id: _Optional[int] = ..., workflow_max_steps: _Optional[int] = ...) -> None: ...
+    cost_weight: float
+    def __init__(self, question: _Optional[str] = ..., pool: _Optional[_Iterable[_Union[_common_pb2.PoolEntry, _Mapping]]] = ..., max_steps: _Optional[int] = ..., round: _Optional[int] = ..., prior: _Optional[_Union[PriorRound, _Mapping]] = ..., temperature: _Optional[float] = ..., max_tokens: _Optional[int] = ..., fallback_model_id: _Optional[int] = ..., workflow_max_steps: _Optional[int] = ..., cost_weight: _Optional[float] = ...) -> None: ...
 
 class PlanResponse(_message.Message):
     __slots__ = ("call",)
