@@ -624,6 +624,18 @@ def test_a_nul_character_in_a_grpc_submission_is_invalid_argument(api: Api) -> N
             assert "NUL" in (refused.value.details() or "")
 
 
+def test_a_negative_or_nan_cost_weight_in_a_grpc_submission_is_invalid_argument(api: Api) -> None:
+    metadata = [("authorization", f"Bearer {api.key}")]
+    with grpc.insecure_channel(api.server.grpc_address) as channel:
+        stub = workflows_pb2_grpc.WorkflowsStub(channel)
+        for weight in (-0.5, float("nan")):
+            request = workflows_pb2.SubmitRequest(question="6 * 7", cost_weight=weight)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Submit(request, metadata=metadata, timeout=10)
+            assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "cost_weight must be a number >= 0" in (refused.value.details() or "")
+
+
 def test_health_readiness_metrics_and_openapi(api: Api) -> None:
     api.client().chat.completions.create(model="conductor-mini", messages=QUESTION)
     with httpx.Client(base_url=api.url, timeout=10) as http:

@@ -43,6 +43,7 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
                 variant=request.variant or None,
                 pool=list(request.pool) or None,
                 max_steps=request.max_steps if request.HasField("max_steps") else None,
+                cost_weight=request.cost_weight if request.HasField("cost_weight") else None,
                 metadata=dict(request.metadata),
             )
         except (InvalidRequest, ValueError) as exc:

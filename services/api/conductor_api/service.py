@@ -9,6 +9,7 @@ differ in how work starts and how new events are announced.
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -162,6 +163,9 @@ class WorkflowService(ABC):
         if max_steps is not None:
             variant = variant.model_copy(update={"max_steps": max_steps})
         if cost_weight is not None:
+            # Checked here, not only by the HTTP schema: gRPC requests arrive unvalidated.
+            if not math.isfinite(cost_weight) or cost_weight < 0:
+                raise InvalidRequest(f"cost_weight must be a number >= 0, not {cost_weight}")
             variant = variant.model_copy(update={"router_cost_weight": cost_weight})
         return variant
 

@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("question", "variant", "pool", "max_steps", "metadata")
+    __slots__ = ("question", "variant", "pool", "max_steps", "metadata", "cost_weight")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -24,12 +24,14 @@ class SubmitRequest(_message.Message):
     POOL_FIELD_NUMBER: _ClassVar[int]
     MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    COST_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     question: str
     variant: str
     pool: _containers.RepeatedScalarFieldContainer[str]
     max_steps: int
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, question: _Optional[str] = ..., variant: _Optional[str] = ..., pool: _Optional[_Iterable[str]] = ..., max_steps: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    cost_weight: float
+    def __init__(self, question: _Optional[str] = ..., variant: _Optional[str] = ..., pool: _Optional[_Iterable[str]] = ..., max_steps: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., cost_weight: _Optional[float] = ...) -> None: ...
 
 class SubmitResponse(_message.Message):
     __slots__ = ("workflow_id", "status")
