@@ -2,11 +2,12 @@
 aiohttp's connection handling underneath.
 
 Why: a provider call through httpx's own transport (httpcore, h11, anyio) cost 0.6 ms of CPU
-here, 0.36 ms through httpx on aiohttp (0.18 ms through aiohttp alone), and an embedded one-step
-workflow makes two of them (the plan, the step). Swapping the transport cut the CPU of an embedded workflow by
-about a sixth and the wall time of 500 one-second workflows in flight by a third (measured with
-``benchmarks/orchestration_overhead.py``). httpcore's pool also rescans every connection it
-holds whenever a request starts or ends (encode/httpcore#1035); aiohttp's does not.
+here, 0.36 ms through httpx on aiohttp (0.18 ms through aiohttp alone), and an embedded
+one-step workflow makes two of them (the plan, the step). Swapping the transport cut the CPU
+of an embedded workflow by about a sixth and the wall time of 500 one-second workflows in
+flight by a third (measured with ``benchmarks/orchestration_overhead.py``). httpcore's pool
+also rescans every connection it holds whenever a request starts or ends (encode/httpcore#1035);
+aiohttp's does not.
 
 Why not the ``httpx-aiohttp`` package: it maps every aiohttp connection error (a reset, a server
 that hung up) to ``httpx.ConnectTimeout``, so a provider that disconnects would be reported as
