@@ -147,17 +147,6 @@ class Router:
         best = max(scores, key=lambda n: (scores[n].utility, -scores[n].cost_usd))
         return RoutingDecision(worker=best, cost_weight=weight, scores=scores)
 
-    def choose_many(
-        self,
-        embeddings: npt.NDArray[np.float32],
-        *,
-        allowed: Collection[str] | None = None,
-        cost_weight: float | None = None,
-    ) -> list[RoutingDecision | None]:
-        """``choose`` for questions already embedded (training reports, evaluation)."""
-        weight = self.model.cost_weight if cost_weight is None else cost_weight
-        return [self._decide(row, allowed, weight) for row in self.p_right(embeddings)]
-
 
 def load_router_model(path: Path) -> RouterModel:
     """The router in ``path``; a ConfigurationError saying what is wrong otherwise."""

@@ -43,6 +43,17 @@ LabelValue = Annotated[str, StringConstraints(max_length=512), NoNul]
 # pydantic's union member names into the error's param).
 ContentText = Annotated[str, StringConstraints(max_length=MAX_QUESTION_CHARS)]
 Text = Annotated[ContentText, NoNul]
+CostWeight = Annotated[
+    float | None,
+    Field(
+        ge=0,
+        allow_inf_nan=False,
+        description=(
+            "One-step variants served by a learned router: the chance of a right answer to give "
+            "up per USD per 1,000 questions saved; default: the variant's, else the router's."
+        ),
+    ),
+]
 
 
 class ConductorOptions(BaseModel):
@@ -59,15 +70,7 @@ class ConductorOptions(BaseModel):
     max_steps: int | None = Field(
         default=None, ge=1, le=MAX_STEPS_LIMIT, strict=True, description="Most steps per plan."
     )
-    cost_weight: float | None = Field(
-        default=None,
-        ge=0,
-        allow_inf_nan=False,
-        description=(
-            "One-step variants served by a learned router: the chance of a right answer to give "
-            "up per USD per 1,000 questions saved; default: the variant's, else the router's."
-        ),
-    )
+    cost_weight: CostWeight = None
 
 
 class TextPart(BaseModel):
@@ -125,15 +128,7 @@ class WorkflowSubmission(BaseModel):
     variant: Name | None = Field(default=None, description="Default: the server's default.")
     pool: list[Name] | None = Field(default=None, min_length=1, max_length=MAX_POOL_NAMES)
     max_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS_LIMIT, strict=True)
-    cost_weight: float | None = Field(
-        default=None,
-        ge=0,
-        allow_inf_nan=False,
-        description=(
-            "One-step variants served by a learned router: the chance of a right answer to give "
-            "up per USD per 1,000 questions saved; default: the variant's, else the router's."
-        ),
-    )
+    cost_weight: CostWeight = None
     metadata: dict[Name, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
 
 

@@ -226,7 +226,6 @@ def routing_report(
     train = ~held
     train_right = np.where(np.isnan(data.right[train]), 0.0, data.right[train])
     train_cost = np.nanmean(data.cost[train], axis=0)
-    rows = np.arange(n)
 
     picks: dict[str, npt.NDArray[np.int_]] = {}  # per router: (cost weights, items)
 
@@ -236,14 +235,7 @@ def routing_report(
         for weight in COST_WEIGHTS:
             pick = (p_right - weight * train_cost * PER_QUESTIONS).argmax(axis=1)
             chosen.append(pick)
-            curve.points.append(
-                {
-                    "cost_weight": weight,
-                    "accuracy": float(right[rows, pick].mean()),
-                    "cost_usd": float(cost[rows, pick].mean()),
-                    "correct": float(right[rows, pick].sum()),
-                }
-            )
+            curve.points.append({"cost_weight": weight, **_point(right, cost, pick)})
         picks[name] = np.array(chosen)
         return curve
 
@@ -262,12 +254,7 @@ def routing_report(
         sweep("cluster", per_cluster[kmeans.predict(held_embeddings)]),
     ]
     singles: dict[str, dict[str, Any]] = {
-        worker: {
-            "accuracy": float(right[:, j].mean()),
-            "cost_usd": float(cost[:, j].mean()),
-            "correct": float(right[:, j].sum()),
-        }
-        for j, worker in enumerate(data.workers)
+        worker: _point(right, cost, np.full(n, j)) for j, worker in enumerate(data.workers)
     }
     rng = random.Random(0)
     random_pick = np.array([rng.randrange(len(data.workers)) for _ in range(n)])
