@@ -439,6 +439,9 @@ def test_router_strategies_name_their_file_digest_and_refuse_a_bad_file(tmp_path
     assert plain.name.startswith("router:router.json@")
     assert (plain.cost_weight, weighted.cost_weight) == (None, 0.05)
     assert weighted.name == f"{plain.name}:0.05"
+    for weight in ("-1", "nan"):
+        with pytest.raises(ConfigurationError, match="the cost weight must be a number >= 0"):
+            parse_strategies(f"router:{DOCUMENTED_ROUTER}:{weight}", pool, BUILTIN_VARIANTS)
     (tmp_path / "bad.json").write_text("[]")
     with pytest.raises(ConfigurationError, match=r"bad\.json: format 'list'"):
         parse_strategies(f"router:{tmp_path / 'bad.json'}", pool, BUILTIN_VARIANTS)

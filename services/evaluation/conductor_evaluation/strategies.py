@@ -18,7 +18,9 @@ retries, quotas and accounting, and the comparison is fair:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -130,16 +132,12 @@ def _parse_one(
 def _router_strategy(rest: str, names: list[str], spec: str, seed: int) -> Strategy:
     """``router:FILE`` or ``router:FILE:WEIGHT``; the file is loaded now, so a bad one stops
     the evaluation before anything runs."""
-    path_text, _, weight_text = rest.rpartition(":")
-    weight: float | None = None
-    try:
-        weight = float(weight_text) if path_text else None
-    except ValueError:
-        weight = None
-    if weight is None:
-        path_text = rest
-    elif weight < 0:
-        raise ConfigurationError(f"{spec}: the cost weight must be >= 0")
+    path_text, weight = rest, None
+    head, _, tail = rest.rpartition(":")
+    with contextlib.suppress(ValueError):  # no number after the last colon: all of it is a path
+        weight, path_text = float(tail), head
+    if weight is not None and not (math.isfinite(weight) and weight >= 0):
+        raise ConfigurationError(f"{spec}: the cost weight must be a number >= 0")
     path = Path(path_text)
     model = load_router_model(path)
     if not set(names) & {w.name for w in model.workers}:
