@@ -473,3 +473,33 @@ def test_conductor_eval_runs_a_trained_router_on_held_out_items(tmp_path: Path) 
     routed = [r for rows in suites.values() for r in rows if r["kind"] == "router"]
     assert len(routed) == 2
     assert all(r["n"] == 10 and r["failed"] == 0 for r in routed)
+
+
+NUMPY_BLOCKED = """
+import sys
+sys.modules["numpy"] = None  # as on a machine without the router extra: importing it fails
+from conductor_cli.wiring import open_embedded_runtime  # what `conductor ask` and serve load
+from conductor_evaluation.strategies import parse_strategies
+from conductor_adapters.settings import Settings
+from conductor_planner import load_router
+from conductor.errors import ConfigurationError
+assert load_router(Settings()) is None
+try:
+    load_router(Settings(router_model="router.json"))
+except ConfigurationError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.processes
+def test_without_the_router_extra_everything_but_the_router_still_loads() -> None:
+    """The README's first command installs no numpy: nothing else may import the router."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", NUMPY_BLOCKED], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "CONDUCTOR_ROUTER_MODEL needs the router's packages (numpy is missing)" in done.stdout
+    assert "pip install 'conductor[router]'" in done.stdout

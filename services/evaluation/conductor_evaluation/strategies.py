@@ -26,13 +26,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conductor.errors import ConfigurationError
 from conductor.pool import Pool
 from conductor.ports import PlanRequest
 from conductor.variants import MAX_STEPS_LIMIT, Variant
 from conductor.workflow import ALL, AccessEntry, Plan, PlanOutcome, PlanStep
-from conductor_adapters.router import Router, load_router_model
+
+if TYPE_CHECKING:  # the router needs the router extra (numpy, WordLlama): imported when used
+    from conductor_adapters.router import Router
 
 SOLVE = "Solve the question and give the final answer in the format the question asks for."
 REVIEW = (
@@ -138,6 +141,8 @@ def _router_strategy(rest: str, names: list[str], spec: str, seed: int) -> Strat
         weight, path_text = float(tail), head
     if weight is not None and not (math.isfinite(weight) and weight >= 0):
         raise ConfigurationError(f"{spec}: the cost weight must be a number >= 0")
+    from conductor_adapters.router import load_router_model
+
     path = Path(path_text)
     model = load_router_model(path)
     if not set(names) & {w.name for w in model.workers}:
@@ -216,7 +221,11 @@ class FixedPlanner:
         if not strategy.runs or strategy.kind is Kind.CONDUCTOR:
             raise ValueError(f"{strategy.name} has no fixed plan")
         self.strategy = strategy
-        self._router = Router.load(strategy.router) if strategy.router is not None else None
+        self._router: Router | None = None
+        if strategy.router is not None:
+            from conductor_adapters.router import Router
+
+            self._router = Router.load(strategy.router)
 
     async def plan(self, request: PlanRequest) -> PlanOutcome:
         plan = self.plan_for(request.question, [e.name for e in request.pool])

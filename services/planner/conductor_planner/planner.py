@@ -16,8 +16,10 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conductor.chat import Usage
+from conductor.errors import ConfigurationError
 from conductor.pool import Price
 from conductor.ports import PlanFormat, PlannerBackend, PlanRequest
 from conductor.protocol import (
@@ -30,8 +32,10 @@ from conductor.protocol import (
     validate_plan,
 )
 from conductor.workflow import Plan, PlanOutcome, PlanStep
-from conductor_adapters.router import Router
 from conductor_adapters.settings import Settings
+
+if TYPE_CHECKING:  # the router needs the router extra (numpy, WordLlama): loaded only when set
+    from conductor_adapters.router import Router
 
 ROUTER_BACKEND = "router"
 
@@ -41,6 +45,13 @@ def load_router(settings: Settings) -> Router | None:
     the reason rather than failing requests later. None when none is configured."""
     if not settings.router_model:
         return None
+    try:
+        from conductor_adapters.router import Router
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"CONDUCTOR_ROUTER_MODEL needs the router's packages ({exc.name} is missing): "
+            "pip install 'conductor[router]'"
+        ) from exc
     return Router.load(Path(settings.router_model))
 
 
