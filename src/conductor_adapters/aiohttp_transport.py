@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Iterator
 
 import aiohttp
@@ -71,11 +72,19 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
 
     No cap on connections (the gateway's quotas decide how many calls are in flight; a cap here
     would queue calls unseen); no redirects, cookies or decompression by aiohttp (httpx decodes
-    bodies); proxies from HTTP(S)_PROXY and NO_PROXY, as httpx honours them.
+    bodies); proxies from HTTP(S)_PROXY and NO_PROXY, read when the transport is made, as httpx
+    reads them when its client is made. (aiohttp's own ``trust_env`` reads the environment and
+    parses ~/.netrc on every request: a sixth of a pass-through call's CPU.)
     """
 
     def __init__(self, tls: ssl.SSLContext) -> None:
         self._tls = tls
+        self._proxies = {
+            scheme: url
+            for scheme, url in urllib.request.getproxies_environment().items()
+            if scheme in ("http", "https", "all", "no")
+        }
+        self._proxy_by_host: dict[tuple[str, str], str | None] = {}
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing: set[asyncio.Future[None]] = set()
@@ -95,7 +104,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 connector=connector,
                 cookie_jar=aiohttp.DummyCookieJar(),
                 auto_decompress=False,
-                trust_env=True,
+                trust_env=False,
             )
             self._loop = loop
         return self._session
@@ -122,6 +131,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 data=content or None,
                 allow_redirects=False,
                 compress=False,
+                proxy=self._proxy_for(request.url.scheme, request.url.host),
                 timeout=aiohttp.ClientTimeout(
                     total=None,
                     sock_connect=timeouts.get("connect"),
@@ -138,6 +148,16 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 "reason_phrase": (response.reason or "").encode(),
             },
         )
+
+    def _proxy_for(self, scheme: str, host: str) -> str | None:
+        key = (scheme, host)
+        if key not in self._proxy_by_host:  # a handful of provider hosts: decided once each
+            proxy = self._proxies.get(scheme) or self._proxies.get("all")
+            bypassed = urllib.request.proxy_bypass_environment(  # type: ignore[attr-defined]
+                host, self._proxies
+            )
+            self._proxy_by_host[key] = None if bypassed else proxy
+        return self._proxy_by_host[key]
 
     async def aclose(self) -> None:
         closing = self._close_elsewhere()

@@ -165,3 +165,36 @@ async def test_a_client_used_from_two_loops_closes_both_sessions() -> None:
     # which pytest reports as this test's failure.
     del client, on_other
     gc.collect()
+
+
+async def test_proxies_come_from_the_environment_and_no_proxy_is_honoured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen_by_proxy: list[bytes] = []
+    seen_direct: list[bytes] = []
+
+    def answering(seen: list[bytes]) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head, _ = await _read_request(reader)
+            seen.append(head.split(b"\r\n")[0])
+            writer.write(_answer("200 OK", b'{"ok": true}', "Content-Type: application/json"))
+            await writer.drain()
+
+        return handle
+
+    async with (
+        RawServer(answering(seen_by_proxy)) as proxy,
+        RawServer(answering(seen_direct)) as direct,
+    ):
+        proxy_base = proxy.removesuffix("/v1/chat/completions")
+        for name in ("HTTP_PROXY", "http_proxy"):
+            monkeypatch.setenv(name, proxy_base)
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.setenv(name, "127.0.0.1")
+        async with new_client() as client:  # the environment is read when a client is made
+            assert await _call(client, "http://provider.invalid/v1/chat/completions") == {
+                "ok": True
+            }
+            assert await _call(client, direct) == {"ok": True}
+    assert seen_by_proxy == [b"POST http://provider.invalid/v1/chat/completions HTTP/1.1"]
+    assert seen_direct == [b"POST /v1/chat/completions HTTP/1.1"]

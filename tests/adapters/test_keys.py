@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ from sqlalchemy import Engine, select
 from conductor.errors import InvalidRequest
 from conductor_adapters.store.db import upgrade
 from conductor_adapters.store.keys import (
+    CachedKeys,
     any_key_exists,
     authenticate,
     create_key,
@@ -116,3 +118,22 @@ def test_the_cli_prints_the_key_once_and_lists_it_without_the_secret(tmp_path: P
     assert secret.split("_", 2)[2] not in listed.stdout
     assert refused.returncode == 2
     assert "workers not in the pool: gpt-9" in refused.stderr
+
+
+async def test_a_server_reuses_a_key_check_for_its_time_to_live_only(engine: Engine) -> None:
+    keys = CachedKeys(engine, ttl_s=0.3)
+    assert not await keys.any_key_exists()
+    made = create_key(engine, "acme")
+
+    assert not await keys.any_key_exists()  # the open answer, reused
+    found = await keys.authenticate(made.secret)  # a key made a moment ago works at once
+    assert found is not None
+    assert found.tenant == "acme"
+    assert revoke_key(engine, found.id)
+    assert await keys.authenticate(made.secret) == found  # the live answer, reused
+    create_key(engine, "globex")
+
+    await asyncio.sleep(0.3)
+    assert await keys.authenticate(made.secret) is None
+    assert await keys.any_key_exists()
+    assert await keys.authenticate("cnd_000000000000_" + "A" * 43) is None

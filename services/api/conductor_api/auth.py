@@ -2,17 +2,16 @@
 
 An embedded server (``conductor serve``) may run open while no key exists: every request is
 then the "default" tenant, whatever key the client sends (SDKs insist on sending one). From
-the moment a key is created, every request needs a live key.
+the moment a key is created (within the second a server reuses a key check for),
+every request needs a live key.
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 from fastapi import Depends, Request
 
-from conductor_adapters.store.keys import any_key_exists, authenticate
 from conductor_api.errors import ApiError
 from conductor_api.service import Caller, WorkflowService
 
@@ -37,11 +36,11 @@ async def identify(service: WorkflowService, authorization: str, *, open_access:
     token = token.strip()
     key = None
     if scheme.lower() == "bearer" and token:
-        key = await asyncio.to_thread(authenticate, service.engine, token)
+        key = await service.keys.authenticate(token)
     if key is not None:
         allowed = tuple(key.allowed_pool) if key.allowed_pool is not None else None
         return Caller(tenant=key.tenant, allowed_pool=allowed, key_id=key.id)
-    if open_access and not await asyncio.to_thread(any_key_exists, service.engine):
+    if open_access and not await service.keys.any_key_exists():
         return Caller(tenant=OPEN_TENANT)
     if not token:
         raise ApiError(401, MISSING_KEY, code="invalid_api_key")

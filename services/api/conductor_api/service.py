@@ -25,6 +25,7 @@ from conductor.orchestration import check_no_nul, check_question
 from conductor.pool import Pool
 from conductor.ports import StepCallResult
 from conductor.variants import Variant, get_variant
+from conductor_adapters.store.keys import CachedKeys
 from conductor_adapters.store.runs import SubmitRequest
 from conductor_api.reads import EVENTS_PER_READ, load_events, outcome_passed, outcome_stored
 from conductor_api.schemas import EventView
@@ -117,6 +118,7 @@ class WorkflowService(ABC):
         self.variants = dict(variants)
         self.default_variant = default_variant
         self.signals = EventSignals()
+        self.keys = CachedKeys(engine)
 
     def poll_interval_s(self, workflow_id: uuid.UUID) -> float:
         """How long a reader of ``workflow_id`` waits for an announcement before re-reading."""

@@ -83,11 +83,16 @@ def make_engine(url: str | URL) -> Engine:
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
-    """SQLite leaves foreign keys off per connection; WAL lets readers run beside a writer."""
+    """SQLite leaves foreign keys off per connection; WAL lets readers run beside a writer.
+    In WAL mode, synchronous=NORMAL syncs the log at checkpoints rather than at every commit:
+    a commit survives the process crashing (it is in the operating system's hands), only a
+    power cut or a kernel crash can undo the last ones, and the database stays consistent. A
+    commit's fsync was a tenth of an embedded workflow's latency."""
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
     finally:
         cursor.close()
 

@@ -9,10 +9,13 @@ time, and a revoked or unknown key is refused the same way as a wrong secret.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import re
 import secrets
+import time
+from collections import OrderedDict
 from datetime import UTC, datetime
 
 from pydantic import BaseModel
@@ -132,3 +135,46 @@ def any_key_exists(engine: Engine) -> bool:
     with engine.connect() as conn:
         query = select(api_key_table.c.id).where(api_key_table.c.revoked_at.is_(None)).limit(1)
         return conn.execute(query).first() is not None
+
+
+# How long an answer of the key table is reused: a revoked key is refused, and the first key
+# made closes an open server, within this long. Asking the database on every request cost a
+# query and a thread hop each, a tenth of a pass-through call's CPU.
+KEY_CACHE_S = 1.0
+KEYS_CACHED = 10_000
+
+
+class CachedKeys:
+    """``authenticate`` and ``any_key_exists`` for a server, each answer reused for ``ttl_s``.
+
+    Only live keys are remembered: an unknown or wrong one is checked against the database every
+    time, so a flood of made-up keys cannot fill memory, and a key made a moment ago works at
+    once.
+    """
+
+    def __init__(self, engine: Engine, *, ttl_s: float = KEY_CACHE_S) -> None:
+        self.engine = engine
+        self.ttl_s = ttl_s
+        self._live: OrderedDict[str, tuple[float, ApiKey]] = OrderedDict()
+        self._any: tuple[float, bool] | None = None
+
+    async def authenticate(self, presented: str) -> ApiKey | None:
+        now = time.monotonic()
+        cached = self._live.get(presented)
+        if cached is not None and now - cached[0] < self.ttl_s:
+            return cached[1]
+        key = await asyncio.to_thread(authenticate, self.engine, presented)
+        self._live.pop(presented, None)
+        if key is not None:
+            self._live[presented] = (now, key)
+            while len(self._live) > KEYS_CACHED:
+                self._live.popitem(last=False)
+        return key
+
+    async def any_key_exists(self) -> bool:
+        now = time.monotonic()
+        if self._any is not None and now - self._any[0] < self.ttl_s:
+            return self._any[1]
+        exists = await asyncio.to_thread(any_key_exists, self.engine)
+        self._any = (now, exists)
+        return exists
