@@ -1,4 +1,4 @@
-"""``conductor router``: train conductor-mini's router from evaluation results."""
+"""``conductor router``: train conductor-mini's router from evaluation results and traces."""
 
 from __future__ import annotations
 
@@ -11,15 +11,29 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from conductor.errors import ConfigurationError
+
 router_app = typer.Typer(help="conductor-mini's learned router.", no_args_is_help=True)
 
 
 @router_app.command("train")
 def train(
-    results: list[str] = typer.Argument(  # noqa: B008 (typer's way to declare a list)
-        ...,
+    results: list[str] | None = typer.Argument(  # noqa: B008 (typer's way to declare a list)
+        None,
         help="`conductor eval --strategies 'single:*'` output directories to learn from (the "
-        "same items evaluated several times count as their share of right answers).",
+        "same items evaluated several times count as their share of right answers); optional "
+        "when --traces is given.",
+        metavar="EVAL_DIR",
+        show_default=False,
+    ),
+    traces: list[str] | None = typer.Option(  # noqa: B008
+        None,
+        "--traces",
+        help="A `conductor traces export` file to learn from as well (repeatable): each "
+        "completed one-step workflow with feedback (0..1) or a reference label says how its "
+        "worker did; other rows are skipped and counted.",
+        metavar="EXPORT.jsonl",
+        show_default=False,
     ),
     out: str = typer.Option("router.json", "--out", "-o", help="The router file."),
     cost_weight: float = typer.Option(
@@ -30,14 +44,31 @@ def train(
     ),
 ) -> None:
     """Fit one head per worker on the items outside the held-out split, report every router's
-    accuracy/cost curve on the held-out ones, and write the router and REPORT (router.report.json)
-    beside it."""
+    accuracy/cost curve on the held-out items every worker ran, and write the router and its
+    report (router.report.json, router.report.png) beside it. Trace items tell how one worker
+    did: when no held-out item was run by every worker, the router is fitted and the report says
+    it could not be judged."""
     from conductor_adapters.embedding import QuestionEmbedder
     from conductor_adapters.router import save_router_model
-    from conductor_trainer.router import routing_data, train_router
+    from conductor_trainer.router import combine_routing_data, routing_data, train_router
+    from conductor_trainer.trace_routing import trace_routing_data
 
     console = Console(stderr=True, highlight=False)
-    data = routing_data([Path(r) for r in results])
+    if not results and not traces:
+        raise ConfigurationError(
+            "nothing to learn from: give `conductor eval` output directories, --traces "
+            "exports, or both"
+        )
+    parts = [routing_data([Path(r) for r in results])] if results else []
+    if traces:
+        from_traces, summary = trace_routing_data([Path(t) for t in traces])
+        console.print(f"traces: {summary.describe()}")
+        if not from_traces.items and not parts:
+            raise ConfigurationError(
+                f"{', '.join(traces)}: no traced workflow can be learnt from (see above)"
+            )
+        parts.append(from_traces)
+    data = combine_routing_data(parts)
     console.print(
         f"router: {len(data.items)} items, workers {', '.join(data.workers)}; "
         f"{int(data.held_out.sum())} held out"
@@ -63,8 +94,18 @@ def train(
     report_path = router_path.with_name(router_path.stem + ".report.json")
     report_path.write_text(json.dumps(report, indent=1), encoding="utf-8")
     plot_path = router_path.with_name(router_path.stem + ".report.png")
+    if not report["held_out_items"]:
+        plot_path.unlink(missing_ok=True)  # an earlier run's curves would read as this one's
+        console.print(f"[yellow]warning:[/] {report['note']}")
+        console.print(f"router: {router_path}\nreport: {report_path}")
+        return
     _plot(report, plot_path)
     console.print(_table(report))
+    if report["held_out_partial_items"]:
+        console.print(
+            f"{report['held_out_partial_items']} held-out items not run by every worker (traces) "
+            "are not judged"
+        )
     console.print(f"router: {router_path}\nreport: {report_path}\nplot: {plot_path}")
 
 

@@ -32,7 +32,8 @@ def export(
     ),
 ) -> None:
     """Write one training row per finished workflow: the Conductor prompt, its output, the
-    reward (feedback) when known, the pool, the question and the reference answer when known."""
+    reward (feedback) when known, the pool, the question, the reference answer when known, and
+    the steps that ran (worker, who answered, cost) with the workflow's total cost."""
     from conductor_trainer.export import SUITE_KINDS, export_rows, suite_row
 
     try:

@@ -3,7 +3,9 @@
 Each row carries the Conductor prompt (re-rendered from the question and the pool it was shown,
 in the paper's three-lists form a trained checkpoint writes), its raw output and the same plan
 as canonical lists, the reward when one is known (the client's feedback, 0..1), and the
-reference answer when the workflow was labelled with one (label ``reference``).
+reference answer when the workflow was labelled with one (label ``reference``), and what ran:
+each executed step's worker, status and cost, who answered it (a fallback may have), and the
+workflow's total cost (what ``conductor router train --traces`` learns from).
 
 ``suite_row`` turns a labelled workflow into a suite item (question, reference, kind) that
 ``conductor train --suite F.jsonl`` trains on with live rollouts: the method's reward needs the
@@ -12,7 +14,8 @@ plan executed and verified, which a recorded output with client feedback cannot 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -23,7 +26,7 @@ from conductor.ports import PlanFormat, PlanRequest
 from conductor.protocol import render_prompt
 from conductor.variants import MAX_STEPS_LIMIT, Variant
 from conductor.workflow import PlanOutcome
-from conductor_adapters.store.models import WorkflowRow
+from conductor_adapters.store.models import AttemptRow, StepRow, WorkflowRow
 from conductor_evaluation import AnswerKind, Domain
 
 # Kinds checked from a single reference string (choice needs choices, code needs tests).
@@ -47,13 +50,49 @@ def export_rows(
         query = query.where(col(WorkflowRow.created_at) >= since)
     query = query.order_by(col(WorkflowRow.created_at), col(WorkflowRow.id)).limit(limit)
     with Session(engine) as session:
-        for row in session.exec(query.execution_options(yield_per=BATCH)):
-            exported = training_row(row, variants)
-            if exported is not None:
-                yield exported
+        for batch in session.exec(query.execution_options(yield_per=BATCH)).partitions(BATCH):
+            steps = _steps_of(session, [row.id for row in batch])
+            for row in batch:
+                exported = training_row(row, variants, steps.get(row.id, []))
+                if exported is not None:
+                    yield exported
 
 
-def training_row(row: WorkflowRow, variants: dict[str, Variant]) -> dict[str, Any] | None:
+def _steps_of(session: Session, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[dict[str, Any]]]:
+    """The executed steps of these workflows, in order, each with the worker that answered it
+    (the step's own or one of its fallbacks; None when no call succeeded): two queries a batch."""
+    rows = session.exec(
+        select(StepRow)
+        .where(col(StepRow.workflow_id).in_(ids))
+        .order_by(col(StepRow.workflow_id), col(StepRow.index))
+    ).all()
+    answered = dict(
+        session.exec(
+            select(AttemptRow.step_id, AttemptRow.worker).where(
+                col(AttemptRow.step_id).in_([step.id for step in rows]),
+                AttemptRow.status == "ok",
+            )
+        ).all()
+    )
+    steps: dict[uuid.UUID, list[dict[str, Any]]] = {}
+    for step in rows:
+        steps.setdefault(step.workflow_id, []).append(
+            {
+                "index": step.index,
+                "round": step.round,
+                "kind": step.kind,
+                "worker": step.worker,
+                "answered_by": answered.get(step.id),
+                "status": step.status,
+                "cost_usd": step.cost_usd,
+            }
+        )
+    return steps
+
+
+def training_row(
+    row: WorkflowRow, variants: dict[str, Variant], steps: list[dict[str, Any]]
+) -> dict[str, Any] | None:
     """None for a workflow the Conductor never planned (it failed before its first plan)."""
     if not row.planner_calls:
         return None
@@ -79,6 +118,8 @@ def training_row(row: WorkflowRow, variants: dict[str, Variant]) -> dict[str, An
         "feedback": row.feedback,
         "reference": row.labels.get("reference"),
         "labels": row.labels,
+        "steps": steps,
+        "cost_usd": row.cost_usd,
     }
 
 

@@ -1,16 +1,19 @@
-"""Training conductor-mini's router from ``conductor eval`` results, and the report that says
-whether it learned anything.
+"""Training conductor-mini's router from ``conductor eval`` results and traces, and the report
+that says whether it learned anything.
 
 The data: every item an evaluation ran with ``single:NAME`` strategies gives, per worker, right
-or wrong and what it cost. The router learns on the items outside the held-out split (the same
-split by item key as ``conductor train`` and ``conductor eval --held-out``) and is judged on the
-held-out ones, against what a router has to beat: each worker alone, a random pick, the oracle
-(per item the cheapest worker that was right: an upper bound), and two baselines fitted on the
-same embeddings and items: ``knn`` (the best worker of the 15 nearest training questions) and
-``cluster`` (k-means on the embeddings, the best worker of each cluster, as Avengers-Pro does).
-Every router is swept over cost weights, giving its accuracy/cost curve; the area under it
-(accuracy integrated over cost up to the dearest worker's, divided by that cost) compares
-routers over the whole curve.
+or wrong and what it cost; a traced one-step workflow with feedback or a reference label gives
+it for the one worker that ran (``trace_routing``), the others unknown. The router learns on
+the items outside the held-out split (the same split by item key as ``conductor train`` and
+``conductor eval --held-out``) and is judged on the held-out ones, against what a router has to
+beat: each worker alone, a random pick, the oracle (per item the cheapest worker that was
+right: an upper bound), and two baselines fitted on the same embeddings and items: ``knn`` (the
+best worker of the 15 nearest training questions) and ``cluster`` (k-means on the embeddings,
+the best worker of each cluster, as Avengers-Pro does). Every router is swept over cost
+weights, giving its accuracy/cost curve; the area under it (accuracy integrated over cost up to
+the dearest worker's, divided by that cost) compares routers over the whole curve. Routers are
+compared on the held-out items every worker ran; when none did (traces alone: one worker per
+question), the router is fitted and the report says that it could not be judged.
 """
 
 from __future__ import annotations
@@ -43,6 +46,11 @@ CLUSTERS = 20
 COST_WEIGHTS = (0.0, *np.geomspace(0.001, 2.0, 24).round(5).tolist())
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
+NOT_JUDGED = (
+    "no held-out item was run by every worker, so no router could be judged against the others "
+    "(a traced workflow says how one worker did): the router is fitted all the same. To judge "
+    "it, evaluate the pool with `conductor eval --strategies 'single:*'` and train on that too."
+)
 
 
 @dataclass
@@ -90,6 +98,23 @@ def routing_data(eval_dirs: Sequence[Path]) -> RoutingData:
             runs[i, j] += 1
     with np.errstate(invalid="ignore", divide="ignore"):
         return RoutingData(items, workers, right / runs, cost / runs)
+
+
+def combine_routing_data(parts: Sequence[RoutingData]) -> RoutingData:
+    """One set of items over every worker of the parts (nan where a part's worker did not run);
+    the parts' items must be distinct (evaluated items and traced workflows are)."""
+    workers = sorted({worker for part in parts for worker in part.workers})
+    column = {worker: j for j, worker in enumerate(workers)}
+    items = [item for part in parts for item in part.items]
+    right = np.full((len(items), len(workers)), np.nan)
+    cost = np.full((len(items), len(workers)), np.nan)
+    start = 0
+    for part in parts:
+        rows = slice(start, start + len(part.items))
+        columns = [column[worker] for worker in part.workers]
+        right[rows, columns], cost[rows, columns] = part.right, part.cost
+        start = rows.stop
+    return RoutingData(items, workers, right, cost)
 
 
 def _items(
@@ -149,8 +174,8 @@ def train_router(
     held = data.held_out
     if held.all() or not held.any():
         raise ConfigurationError(
-            "the evaluation's items fall all on one side of the held-out split: evaluate more "
-            "items (--limit) so that both training and held-out items exist"
+            "the items fall all on one side of the held-out split: evaluate more items "
+            "(--limit) or give more traces, so that both training and held-out items exist"
         )
     heads = []
     for j, worker in enumerate(data.workers):
@@ -221,10 +246,20 @@ def routing_report(
     complete = held & ~np.isnan(data.right).any(axis=1)
     right, cost = data.right[complete], data.cost[complete]
     n = int(complete.sum())
+    partial = int(held.sum()) - n  # held-out items some worker did not run: not judged
     if n == 0:
-        raise ConfigurationError("no held-out item was run by every worker")
+        return {
+            "held_out_items": 0,
+            "held_out_partial_items": partial,
+            "workers": data.workers,
+            "note": NOT_JUDGED,
+        }
     train = ~held
-    train_right = np.where(np.isnan(data.right[train]), 0.0, data.right[train])
+    # Baselines average the known results only (a trace knows one worker per question);
+    # where a neighbourhood or cluster knows none for a worker, that worker's training mean.
+    train_known = ~np.isnan(data.right[train])
+    train_right = np.where(train_known, data.right[train], 0.0)
+    prior = _known_mean(train_right, train_known, np.zeros(len(data.workers)))
     train_cost = np.nanmean(data.cost[train], axis=0)
 
     picks: dict[str, npt.NDArray[np.int_]] = {}  # per router: (cost weights, items)
@@ -245,12 +280,10 @@ def routing_report(
     clusters = min(CLUSTERS, int(train.sum()))
     kmeans = KMeans(n_clusters=clusters, n_init=4, random_state=0).fit(embeddings[train])
     members = [kmeans.labels_ == k for k in range(clusters)]
-    per_cluster = np.array(
-        [train_right[m].mean(axis=0) if m.any() else train_right.mean(axis=0) for m in members]
-    )
+    per_cluster = np.array([_known_mean(train_right[m], train_known[m], prior) for m in members])
     curves = [
         sweep("router", router.p_right(held_embeddings)),
-        sweep("knn", train_right[nearest].mean(axis=1)),
+        sweep("knn", _known_mean(train_right[nearest], train_known[nearest], prior)),
         sweep("cluster", per_cluster[kmeans.predict(held_embeddings)]),
     ]
     singles: dict[str, dict[str, Any]] = {
@@ -274,6 +307,7 @@ def routing_report(
         singles[worker]["accuracy_ci"] = _bootstrap_accuracy(right[:, j])
     return {
         "held_out_items": n,
+        "held_out_partial_items": partial,
         "workers": data.workers,
         "cost_per": f"USD per question (cost_weight: chance given up per USD per {PER_QUESTIONS})",
         "single": singles,
@@ -293,6 +327,15 @@ def routing_report(
         "bootstrap": f"{BOOTSTRAP} resamples of the held-out items, 95% intervals",
         "max_cost_usd": max_cost,
     }
+
+
+def _known_mean(
+    right: npt.NDArray[np.float64], known: npt.NDArray[np.bool_], prior: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """Per worker, the mean over the second-to-last axis of the known results; ``prior`` where
+    none is known. On complete results, the plain mean."""
+    sums, counts = np.where(known, right, 0.0).sum(axis=-2), known.sum(axis=-2)
+    return np.where(counts > 0, sums / np.maximum(counts, 1), prior)
 
 
 def _interval(values: npt.NDArray[np.float64]) -> list[float]:
