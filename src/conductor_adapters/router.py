@@ -3,10 +3,12 @@ expected cost -> the worker that maximises chance minus ``cost_weight`` times co
 workers a request may use.
 
 Each worker has its own head (a logistic regression trained by scikit-learn on that worker's
-right and wrong answers), so any subset of the pool is scored exactly as the full pool is: a
-worker left out changes nothing about the others' scores. The file is JSON (the heads'
-coefficients, not a pickle, so loading a router file never runs code from it); a file that is
-not a router of this version, or whose shapes disagree, is refused with the reason.
+right and wrong answers, reading the embedding and a few standardised features of the
+question's text: conductor_adapters.question_features), so any subset of the pool is scored
+exactly as the full pool is: a worker left out changes nothing about the others' scores. The
+file is JSON (the heads' coefficients, not a pickle, so loading a router file never runs code
+from it); a file that is not a router of a known version, or whose shapes disagree, is refused
+with the reason.
 
 Cost is in USD per 1,000 questions, so ``cost_weight`` reads as: how much chance of a right
 answer one would give up to save a dollar per thousand questions (0: accuracy only).
@@ -15,7 +17,7 @@ answer one would give up to save a dollar per thousand questions (0: accuracy on
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -26,8 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from conductor.errors import ConfigurationError
 from conductor_adapters.embedding import EMBEDDER_NAME, ROUTER_INSTALL, QuestionEmbedder
+from conductor_adapters.question_features import QUESTION_FEATURES, question_features
 
-ROUTER_FORMAT = "conductor-router/1"
+ROUTER_FORMAT = "conductor-router/2"
+# Version 1: the embedding only (no text features); still served as it was.
+ROUTER_FORMATS = ("conductor-router/1", ROUTER_FORMAT)
 PER_QUESTIONS = 1000  # cost is expressed per this many questions
 
 
@@ -47,9 +52,14 @@ class RouterModel(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    format: Literal["conductor-router/1"] = "conductor-router/1"
+    format: Literal["conductor-router/1", "conductor-router/2"] = "conductor-router/2"
     embedder: str = EMBEDDER_NAME
     dim: int = Field(gt=0)
+    # Text features read after the embedding (names from QUESTION_FEATURES), standardised with
+    # the training items' mean and scale.
+    features: list[str] = Field(default_factory=list)
+    feature_mean: list[float] = Field(default_factory=list)
+    feature_scale: list[float] = Field(default_factory=list)
     cost_weight: float = Field(default=0.0, ge=0)  # the default when a request gives none
     workers: list[WorkerHead] = Field(min_length=1)
     trained: dict[str, Any] = Field(default_factory=dict)  # provenance: suites, items, date
@@ -59,9 +69,21 @@ class RouterModel(BaseModel):
         names = [w.name for w in self.workers]
         if len(set(names)) != len(names):
             raise ValueError(f"worker names repeat: {names}")
-        wrong = [w.name for w in self.workers if len(w.coef) != self.dim]
+        unknown = sorted(set(self.features) - set(QUESTION_FEATURES))
+        if unknown:
+            raise ValueError(f"unknown text features {unknown}; known: {list(QUESTION_FEATURES)}")
+        n = len(self.features)
+        if len(self.feature_mean) != n or len(self.feature_scale) != n:
+            raise ValueError(f"feature_mean and feature_scale need {n} values each")
+        if any(not scale > 0 for scale in self.feature_scale):
+            raise ValueError("feature_scale values must be > 0")
+        inputs = self.dim + n
+        wrong = [w.name for w in self.workers if len(w.coef) != inputs]
         if wrong:
-            raise ValueError(f"heads of {', '.join(wrong)} do not have {self.dim} coefficients")
+            raise ValueError(
+                f"heads of {', '.join(wrong)} do not have {inputs} coefficients "
+                f"({self.dim} embedding dimensions + {n} text features)"
+            )
         return self
 
 
@@ -108,14 +130,24 @@ class Router:
         self._coef = np.array([w.coef for w in model.workers], dtype=np.float64)
         self._intercept = np.array([w.intercept for w in model.workers], dtype=np.float64)
         self._cost = np.array([w.cost_usd for w in model.workers], dtype=np.float64)
+        self._feature_columns = [QUESTION_FEATURES.index(name) for name in model.features]
+        self._feature_mean = np.array(model.feature_mean, dtype=np.float64)
+        self._feature_scale = np.array(model.feature_scale, dtype=np.float64)
 
     @classmethod
     def load(cls, path: Path, embedder: QuestionEmbedder | None = None) -> Router:
         return cls(load_router_model(path), embedder)
 
-    def p_right(self, embeddings: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
-        """(questions, workers): each head's chance of a right answer."""
-        logits = embeddings.astype(np.float64) @ self._coef.T + self._intercept
+    def p_right(
+        self, embeddings: npt.NDArray[np.float32], questions: Sequence[str]
+    ) -> npt.NDArray[np.float64]:
+        """(questions, workers): each head's chance of a right answer; ``embeddings`` are the
+        questions' own."""
+        inputs = embeddings.astype(np.float64)
+        if self._feature_columns:
+            raw = question_features(questions)[:, self._feature_columns]
+            inputs = np.hstack([inputs, (raw - self._feature_mean) / self._feature_scale])
+        logits = inputs @ self._coef.T + self._intercept
         return 1.0 / (1.0 + np.exp(-logits))
 
     def choose(
@@ -129,7 +161,7 @@ class Router:
         weight = self.model.cost_weight if cost_weight is None else cost_weight
         if weight < 0:
             raise ValueError("cost_weight must be >= 0")
-        p = self.p_right(self._embedder.embed([question]))[0]
+        p = self.p_right(self._embedder.embed([question]), [question])[0]
         return self._decide(p, allowed, weight)
 
     def _decide(
@@ -162,7 +194,7 @@ def load_router_model(path: Path) -> RouterModel:
         raise ConfigurationError(
             f"router file {path}: not a router (invalid JSON at line {exc.lineno}: {exc.msg})"
         ) from exc
-    if not isinstance(data, dict) or data.get("format") != ROUTER_FORMAT:
+    if not isinstance(data, dict) or data.get("format") not in ROUTER_FORMATS:
         found = data.get("format") if isinstance(data, dict) else type(data).__name__
         raise ConfigurationError(
             f"router file {path}: format {found!r}, expected {ROUTER_FORMAT!r} (train one with "

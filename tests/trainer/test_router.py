@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from openai import OpenAI
 from conductor.errors import ConfigurationError
 from conductor.ports import PlanRequest
 from conductor.workflow import PoolEntry
+from conductor_adapters.question_features import QUESTION_FEATURES
 from conductor_adapters.router import (
     Router,
     RouterModel,
@@ -57,12 +59,16 @@ class HashEmbedder:
 
 def model(seed: int = 0) -> RouterModel:
     rng = np.random.default_rng(seed)
+    features = len(QUESTION_FEATURES)
     return RouterModel(
         dim=DIM,
+        features=list(QUESTION_FEATURES),
+        feature_mean=rng.normal(size=features).tolist(),
+        feature_scale=rng.uniform(0.5, 2, size=features).tolist(),
         workers=[
             WorkerHead(
                 name=name,
-                coef=rng.normal(size=DIM).tolist(),
+                coef=rng.normal(size=DIM + features).tolist(),
                 intercept=float(rng.normal()),
                 cost_usd=float(rng.uniform(0.00005, 0.01)),
                 trained_on=100,
@@ -112,7 +118,7 @@ def test_a_higher_cost_weight_never_picks_a_dearer_worker() -> None:
     [
         (b"\x89PNG\r\n\x1a\n\x00\x00", "not UTF-8"),
         (b"{not json", "invalid JSON at line 1"),
-        (b"[1, 2]", "format 'list', expected 'conductor-router/1'"),
+        (b"[1, 2]", "format 'list', expected 'conductor-router/2'"),
         (b'{"format": "conductor-router/0"}', "format 'conductor-router/0'"),
         (b'{"format": "conductor-router/1", "dim": 8, "workers": []}', "workers"),
     ],
@@ -127,12 +133,45 @@ def test_a_file_that_is_not_a_router_is_refused_with_the_reason(
     assert problem in str(raised.value)
 
 
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"features": ["log_chars", "favourite_colour"]}, "unknown text features"),
+        ({"feature_scale": [1.0] * 3}, "feature_mean and feature_scale need 8 values"),
+        ({"feature_scale": [0.0] * 8}, "feature_scale values must be > 0"),
+        ({"features": [], "feature_mean": [], "feature_scale": []}, "8 embedding dimensions + 0"),
+    ],
+)
+def test_text_features_that_disagree_with_the_heads_are_refused(
+    tmp_path: Path, change: dict[str, object], problem: str
+) -> None:
+    path = tmp_path / "router.json"
+    path.write_text(json.dumps({**model().model_dump(), **change}))
+    with pytest.raises(ConfigurationError, match=re.escape(problem)):
+        load_router_model(path)
+
+
+def test_a_version_1_router_without_text_features_still_routes(tmp_path: Path) -> None:
+    first = model().model_dump()
+    first.update(format="conductor-router/1", features=[], feature_mean=[], feature_scale=[])
+    for head in first["workers"]:
+        head["coef"] = head["coef"][:DIM]
+    path = tmp_path / "router.json"
+    path.write_text(json.dumps({k: v for k, v in first.items() if not k.startswith("feature")}))
+
+    old = Router(load_router_model(path), HashEmbedder())  # type: ignore[arg-type]
+
+    decision = old.choose("What is 6 * 7?", cost_weight=0.0)
+    assert decision is not None
+    assert decision.worker in NAMES
+
+
 def test_a_router_whose_shapes_disagree_is_refused(tmp_path: Path) -> None:
     data = json.loads(model().model_dump_json())
     data["workers"][1]["coef"] = data["workers"][1]["coef"][:-1]
     path = tmp_path / "router.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(ConfigurationError, match="heads of beta do not have 8 coefficients"):
+    with pytest.raises(ConfigurationError, match="heads of beta do not have 16 coefficients"):
         load_router_model(path)
     data["workers"][1]["coef"].append(0.0)
     data["workers"][3]["name"] = "alpha"
@@ -370,7 +409,7 @@ def test_conductor_serve_answers_conductor_mini_with_the_routed_worker(tmp_path:
         (tmp_path / "router.json").write_text("{}")
         refused = run_conductor("serve", "--port", "0", "--grpc-port", "-1", env=env, timeout=60)
         assert refused.returncode == 2
-        assert "router.json: format None, expected 'conductor-router/1'" in refused.stderr
+        assert "router.json: format None, expected 'conductor-router/2'" in refused.stderr
     finally:
         workers.stop()
         planner.stop()
