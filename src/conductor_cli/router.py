@@ -35,7 +35,13 @@ def train(
         metavar="EXPORT.jsonl",
         show_default=False,
     ),
-    out: str = typer.Option("router.json", "--out", "-o", help="The router file."),
+    out: str = typer.Option(
+        "router.json",
+        "--out",
+        "-o",
+        help="The router file; the knn and cluster baselines go beside it (router.knn.json, "
+        "router.cluster.json), router files of their own.",
+    ),
     cost_weight: float = typer.Option(
         0.0,
         "--cost-weight",
@@ -44,8 +50,9 @@ def train(
     ),
 ) -> None:
     """Fit one head per worker on the items outside the held-out split, report every router's
-    accuracy/cost curve on the held-out items every worker ran, and write the router and its
-    report (router.report.json, router.report.png) beside it. Trace items tell how one worker
+    accuracy/cost curve on the held-out items every worker ran, and write the router, the knn
+    and cluster baselines as routers (router.knn.json, router.cluster.json) and the report
+    (router.report.json, router.report.png) beside it. Trace items tell how one worker
     did: when no held-out item was run by every worker, the router is fitted and the report says
     it could not be judged."""
     from conductor_adapters.embedding import QuestionEmbedder
@@ -86,18 +93,26 @@ def train(
         progress.update(task, description=stage, completed=done, total=total)
 
     with progress:
-        model, report = train_router(
+        models, report = train_router(
             data, QuestionEmbedder(), cost_weight=cost_weight, progress=advance
         )
     router_path = Path(out)
-    save_router_model(model, router_path)
+    written = []
+    for name, model in models.items():
+        path = (
+            router_path
+            if name == "router"
+            else router_path.with_name(f"{router_path.stem}.{name}.json")
+        )
+        save_router_model(model, path)
+        written.append(str(path))
     report_path = router_path.with_name(router_path.stem + ".report.json")
     report_path.write_text(json.dumps(report, indent=1), encoding="utf-8")
     plot_path = router_path.with_name(router_path.stem + ".report.png")
     if not report["held_out_items"]:
         plot_path.unlink(missing_ok=True)  # an earlier run's curves would read as this one's
         console.print(f"[yellow]warning:[/] {report['note']}")
-        console.print(f"router: {router_path}\nreport: {report_path}")
+        console.print(f"routers: {', '.join(written)}\nreport: {report_path}")
         return
     _plot(report, plot_path)
     console.print(_table(report))
@@ -106,7 +121,7 @@ def train(
             f"{report['held_out_partial_items']} held-out items not run by every worker (traces) "
             "are not judged"
         )
-    console.print(f"router: {router_path}\nreport: {report_path}\nplot: {plot_path}")
+    console.print(f"routers: {', '.join(written)}\nreport: {report_path}\nplot: {plot_path}")
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:

@@ -336,6 +336,48 @@ async def test_held_out_evaluation_scores_only_items_training_never_sees(tmp_pat
     assert "held-out share" in outcome.report_md.read_text()
 
 
+async def test_a_knn_router_file_runs_as_a_strategy(tmp_path: Path) -> None:
+    """``router:FILE`` runs the knn baseline's file as it runs the router's: each question goes
+    to the worker that was right on its nearest training question."""
+    from conductor_adapters.embedding import QuestionEmbedder
+    from conductor_adapters.packed_array import PackedArray
+    from conductor_adapters.router import RouterModel, WorkerHead, save_router_model
+
+    taught = {
+        "Tom has 3 apples and buys 5 bags of 4 apples. How many apples does he have?": "sim-math",
+        "Which planet is the closest to the sun?": "sim-frontier",
+    }
+    right = [[float(worker == best) for worker in NAMES] for best in taught.values()]
+    knn = RouterModel(
+        head="knn",
+        dim=256,
+        points=PackedArray.of(QuestionEmbedder().embed(list(taught)), "float16"),
+        right=PackedArray.of(right, "float32"),
+        neighbours=1,
+        workers=[WorkerHead(name=name, cost_usd=0.001, trained_on=2) for name in NAMES],
+    )
+    path = tmp_path / "router.knn.json"
+    save_router_model(knn, path)
+    (strategy,) = parse_strategies(f"router:{path}", POOL, {})
+    planner = FixedPlanner(strategy)
+    astronomy = planner.plan_for("Which planet has the most moons?", NAMES)
+    assert astronomy.steps[0].model_id == NAMES.index("sim-frontier")
+
+    options = EvalOptions(
+        suites=["gsm8k"],
+        limit=3,
+        strategies=f"router:{path}",
+        pool="sim",
+        out=tmp_path / "out",
+    )
+    outcome = await run_eval(options, settings(tmp_path))
+
+    assert len(outcome.results) == 3
+    assert {r.strategy for r in outcome.results} == {strategy.name}
+    assert strategy.name.startswith("router:router.knn.json@")
+    assert all(r.status == "completed" and r.workers == ["sim-math"] for r in outcome.results)
+
+
 @pytest.mark.processes
 def test_compare_evals_puts_checkpoints_side_by_side(tmp_path: Path) -> None:
     """scripts/compare_evals.py: one row per run for the Conductor strategy, per suite."""

@@ -21,16 +21,20 @@ from openai import OpenAI
 from conductor.errors import ConfigurationError
 from conductor.ports import PlanRequest
 from conductor.workflow import PoolEntry
+from conductor_adapters.packed_array import PackedArray
 from conductor_adapters.question_features import QUESTION_FEATURES
 from conductor_adapters.router import (
+    HeadKind,
     Router,
     RouterModel,
     WorkerHead,
+    known_mean,
     load_router_model,
     save_router_model,
 )
+from conductor_evaluation import EvalItem, is_held_out
 from conductor_planner import ConductorPlanner
-from conductor_trainer.router import curve_area
+from conductor_trainer.router import RoutingData, curve_area, train_router
 
 from fakes.api_process import announced_addresses, start_api_role
 from fakes.cli import run_conductor
@@ -78,19 +82,50 @@ def model(seed: int = 0) -> RouterModel:
     )
 
 
+def table_model(head: HeadKind, seed: int = 0) -> RouterModel:
+    """A knn router over 40 training questions (a fifth of their results unknown, and the last
+    worker's known on 4 only) or a cluster router over 6 centroids; shares in thirds, so that
+    workers often tie."""
+    rng = np.random.default_rng(seed)
+    rows = 40 if head == "knn" else 6
+    points = rng.normal(size=(rows, DIM))
+    points /= np.linalg.norm(points, axis=1, keepdims=True)
+    right = rng.integers(0, 4, size=(rows, len(NAMES))) / 3
+    if head == "knn":
+        right[rng.random(right.shape) < 0.2] = np.nan
+        right[4:, -1] = np.nan  # the last worker is known on 4 questions only
+    return RouterModel(
+        head=head,
+        dim=DIM,
+        points=PackedArray.of(points, "float16" if head == "knn" else "float32"),
+        right=PackedArray.of(right, "float32"),
+        neighbours=5 if head == "knn" else None,
+        workers=[
+            WorkerHead(name=name, cost_usd=float(rng.uniform(0.00005, 0.01)), trained_on=rows)
+            for name in NAMES
+        ],
+    )
+
+
 ROUTER = Router(model(), HashEmbedder())  # type: ignore[arg-type]
+ROUTERS = {
+    "logistic": ROUTER,
+    "knn": Router(table_model("knn"), HashEmbedder()),  # type: ignore[arg-type]
+    "cluster": Router(table_model("cluster"), HashEmbedder()),  # type: ignore[arg-type]
+}
 
 
 @settings(max_examples=200, deadline=None)
 @given(
+    head=st.sampled_from(list(ROUTERS)),
     question=st.text(min_size=1, max_size=200),
     allowed=st.sets(st.sampled_from([*NAMES, "not-in-the-router"])),
     weight=st.floats(min_value=0, max_value=5),
 )
 def test_only_an_allowed_worker_is_ever_chosen(
-    question: str, allowed: set[str], weight: float
+    head: str, question: str, allowed: set[str], weight: float
 ) -> None:
-    decision = ROUTER.choose(question, allowed=allowed, cost_weight=weight)
+    decision = ROUTERS[head].choose(question, allowed=allowed, cost_weight=weight)
     known = allowed & set(NAMES)
     if not known:
         assert decision is None  # nothing it may pick: the caller falls back
@@ -100,6 +135,10 @@ def test_only_an_allowed_worker_is_ever_chosen(
     assert set(decision.scores) == known
     best = max(s.utility for s in decision.scores.values())
     assert decision.scores[decision.worker].utility == best
+    tied = [n for n, s in decision.scores.items() if s.utility == best]
+    assert decision.scores[decision.worker].cost_usd == min(
+        decision.scores[n].cost_usd for n in tied
+    )
 
 
 def test_a_higher_cost_weight_never_picks_a_dearer_worker() -> None:
@@ -199,6 +238,188 @@ def test_saved_and_loaded_the_router_chooses_the_same(tmp_path: Path) -> None:
         assert before is not None
         assert after is not None
         assert (before.worker, before.scores) == (after.worker, after.scores)
+
+
+def test_knn_and_cluster_routers_score_as_their_baselines_define() -> None:
+    """knn: per worker the mean of the known shares of the 5 nearest points (the worker's mean
+    over all points when none is known), found as scikit-learn finds them; cluster: the
+    nearest centroid's shares."""
+    from sklearn.neighbors import NearestNeighbors  # type: ignore[import-untyped]
+
+    questions = HashEmbedder().embed([f"q{n}" for n in range(30)])
+    knn = ROUTERS["knn"]
+    assert knn.model.points is not None
+    assert knn.model.right is not None
+    points, right = knn.model.points.array(), knn.model.right.array().astype(np.float64)
+    _, nearest = NearestNeighbors(n_neighbors=5).fit(points).kneighbors(questions)
+    known = ~np.isnan(right)
+    shares = np.where(known, right, 0.0)
+    prior = np.nanmean(right, axis=0)
+    expected = known_mean(shares[nearest], known[nearest], prior)
+    np.testing.assert_allclose(knn.p_right(questions, []), expected, rtol=1e-6)
+    assert (known[nearest].sum(axis=1) == 0).any()  # some worker falls back to its mean
+
+    cluster = ROUTERS["cluster"]
+    assert cluster.model.points is not None
+    assert cluster.model.right is not None
+    centroids = cluster.model.points.array()
+    closest = ((questions[:, None, :] - centroids[None]) ** 2).sum(axis=2).argmin(axis=1)
+    np.testing.assert_array_equal(
+        cluster.p_right(questions, []), cluster.model.right.array()[closest]
+    )
+
+
+@pytest.mark.parametrize("head", ["knn", "cluster"])
+def test_a_knn_or_cluster_router_saved_and_loaded_chooses_the_same(
+    tmp_path: Path, head: str
+) -> None:
+    path = tmp_path / f"router.{head}.json"
+    save_router_model(ROUTERS[head].model, path)
+    saved = json.loads(path.read_text())
+    assert (saved["head"], saved["format"]) == (head, "conductor-router/2")
+    assert "coef" not in saved["workers"][0]  # no empty logistic fields
+    loaded = Router.load(path, HashEmbedder())  # type: ignore[arg-type]
+    for n in range(30):
+        before = ROUTERS[head].choose(f"q{n}", cost_weight=0.05)
+        after = loaded.choose(f"q{n}", cost_weight=0.05)
+        assert before is not None
+        assert after is not None
+        assert (before.worker, before.scores) == (after.worker, after.scores)
+
+
+def _broken(head: HeadKind, field: str, value: Any) -> dict[str, Any]:
+    """A valid knn or cluster file's JSON with ``field`` replaced, updated or (None) removed."""
+    data: dict[str, Any] = json.loads(table_model(head).model_dump_json(exclude_none=True))
+    if value is None:
+        del data[field]
+    elif isinstance(value, dict):
+        data[field] = {**data[field], **value}
+    else:
+        data[field] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (_broken("knn", "points", {"data": "not base64!"}), "points: data is not base64"),
+        (
+            _broken("knn", "points", {"shape": [40, 9]}),
+            "data holds 640 bytes, but a float16 array of shape [40, 9] takes 720",
+        ),
+        (
+            _broken("knn", "points", PackedArray.of(np.zeros((40, 7)), "float16").model_dump()),
+            "points have shape [40, 7]; a knn router needs (at least 1, 8)",
+        ),
+        (
+            _broken(
+                "knn", "points", PackedArray.of(np.full((40, 8), np.inf), "float16").model_dump()
+            ),
+            "points must be finite numbers",
+        ),
+        (
+            _broken("knn", "right", PackedArray.of(np.zeros((39, 5)), "float32").model_dump()),
+            "right has shape [39, 5], expected [40, 5]: one row per point, one column per worker",
+        ),
+        (
+            _broken("knn", "right", PackedArray.of(np.full((40, 5), 1.5), "float32").model_dump()),
+            "right shares must lie between 0 and 1",
+        ),
+        (_broken("knn", "neighbours", 41), "neighbours between 1 and its 40 points"),
+        (_broken("knn", "neighbours", None), "neighbours between 1 and its 40 points"),
+        (_broken("knn", "points", None), "a knn router needs its points and their right shares"),
+        (_broken("knn", "features", ["log_chars"]), "a knn router reads no text features"),
+        (
+            _broken(
+                "knn",
+                "workers",
+                [{"name": "alpha", "coef": [1.0], "cost_usd": 0.0, "trained_on": 1}],
+            ),
+            "a knn router has no coefficients; heads of alpha do",
+        ),
+        (
+            _broken(
+                "cluster", "right", PackedArray.of(np.full((6, 5), np.nan), "float32").model_dump()
+            ),
+            "a cluster router's right shares must all be known",
+        ),
+        (_broken("cluster", "neighbours", 3), "a cluster router has no neighbours"),
+        (
+            _broken("cluster", "head", "forest"),
+            "head: Input should be 'logistic', 'knn' or 'cluster'",
+        ),
+        (
+            {**model().model_dump(exclude_none=True), "neighbours": 5},
+            "a logistic router keeps no points, right or neighbours",
+        ),
+    ],
+)
+def test_a_broken_knn_or_cluster_file_is_refused_with_the_reason(
+    tmp_path: Path, data: dict[str, Any], problem: str
+) -> None:
+    path = tmp_path / "router.knn.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigurationError, match=r"router file .*router\.knn\.json") as raised:
+        load_router_model(path)
+    assert problem in str(raised.value)
+
+
+def _routing_data(count: int) -> RoutingData:
+    """``count`` arithmetic questions and three workers: ``exact`` right on even numbers,
+    ``rough`` on small ones, ``cheap`` rarely; the third of ``rough``'s results on odd items is
+    unknown only where the item is for training (traces), so every held-out item is judged."""
+    items = [
+        EvalItem(
+            suite="sums", id=str(n), question=f"What is {n} + {n % 7}?", answer="0", kind="math"
+        )
+        for n in range(count)
+    ]
+    rng = np.random.default_rng(0)
+    right = np.array(
+        [
+            [float(n % 2 == 0), float(n < count // 2), float(rng.random() < 0.2)]
+            for n in range(count)
+        ]
+    )
+    held = np.array([is_held_out(item) for item in items])
+    right[~held & (np.arange(count) % 3 == 0), 1] = np.nan
+    cost = np.tile([0.004, 0.001, 0.0001], (count, 1)) * rng.uniform(0.9, 1.1, (count, 3))
+    cost[np.isnan(right)] = np.nan
+    return RoutingData(items, ["exact", "rough", "cheap"], right, cost)
+
+
+def test_the_report_judges_each_baseline_through_the_router_file_that_serves_it(
+    tmp_path: Path,
+) -> None:
+    """Trained, saved and loaded, each router (knn and cluster too) choosing one held-out
+    question at a time, as serving and ``conductor eval`` do, gets exactly the right answers
+    the report counted for it at every cost weight."""
+    data = _routing_data(120)
+    models, report = train_router(data, HashEmbedder())  # type: ignore[arg-type]
+
+    assert [c["name"] for c in report["curves"]] == ["router", "knn", "cluster"]
+    held = [
+        (i, item)
+        for i, item in enumerate(data.items)
+        if is_held_out(item) and not np.isnan(data.right[i]).any()
+    ]
+    assert len(held) == report["held_out_items"] > 10
+    for curve in report["curves"]:
+        path = tmp_path / f"{curve['name']}.json"
+        save_router_model(models[curve["name"]], path)
+        router = Router.load(path, HashEmbedder())  # type: ignore[arg-type]
+        assert router.model.head == {"router": "logistic"}.get(curve["name"], curve["name"])
+        for point in curve["points"]:
+            right = 0.0
+            for i, item in held:
+                decision = router.choose(item.question, cost_weight=point["cost_weight"])
+                assert decision is not None
+                right += data.right[i, data.workers.index(decision.worker)]
+            assert right == pytest.approx(point["correct"])
+    knn = models["knn"]
+    assert knn.points is not None
+    assert knn.points.shape == (int((~data.held_out).sum()), DIM)
+    assert knn.neighbours == 15
 
 
 def test_the_curve_area_takes_the_best_accuracy_at_each_cost() -> None:

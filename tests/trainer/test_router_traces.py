@@ -264,9 +264,10 @@ def test_trace_labels_join_evaluation_results_and_split_by_workflow(tmp_path: Pa
     assert data.items[40].key == "traces/00000000-0000-0000-0000-000000000000"
     assert 0 < traced_held.sum() < 40  # traced items fall on both sides
 
-    model, report = train_router(data, QuestionEmbedder())
+    models, report = train_router(data, QuestionEmbedder())
 
-    assert {w.name: w.trained_on for w in model.workers} == {
+    assert list(models) == ["router", "knn", "cluster"]
+    assert {w.name: w.trained_on for w in models["router"].workers} == {
         worker: int((~data.held_out & ~np.isnan(data.right[:, j])).sum())
         for j, worker in enumerate(data.workers)
     }
@@ -311,6 +312,8 @@ def test_router_train_learns_from_traces_alone_and_says_it_cannot_judge(tmp_path
     assert "30 of 30 traced workflows are routing observations (30 by feedback" in output
     assert "no held-out item was run by every worker" in output
     assert {w.name for w in load_router_model(out).workers} == {"a", "b", "c"}
+    for head in ("knn", "cluster"):  # the baselines, routers of their own, beside it
+        assert load_router_model(tmp_path / f"router.{head}.json").head == head
     report = json.loads((tmp_path / "router.report.json").read_text())
     assert report["held_out_items"] == 0
     assert not (tmp_path / "router.report.png").exists()
@@ -328,15 +331,15 @@ def test_router_train_learns_from_traces_alone_and_says_it_cannot_judge(tmp_path
 def test_baselines_average_only_the_known_results() -> None:
     """knn and cluster score a worker by the results known in a neighbourhood: a traced
     question another worker ran says nothing about this one (it is not a wrong answer)."""
-    from conductor_trainer.router import _known_mean
+    from conductor_adapters.router import known_mean
 
     right = np.array([[1.0, 0.0], [0.0, 0.0], [1.0, 0.0]])
     known = np.array([[True, False], [True, True], [False, False]])
     prior = np.array([0.9, 0.7])
-    assert _known_mean(right, known, prior).tolist() == [0.5, 0.0]
-    assert _known_mean(right, np.zeros_like(known), prior).tolist() == [0.9, 0.7]
+    assert known_mean(right, known, prior).tolist() == [0.5, 0.0]
+    assert known_mean(right, np.zeros_like(known), prior).tolist() == [0.9, 0.7]
     complete = np.random.default_rng(0).random((5, 15, 4))  # (items, neighbours, workers)
     np.testing.assert_array_equal(
-        _known_mean(complete, np.ones_like(complete, dtype=bool), prior[:1]),
+        known_mean(complete, np.ones_like(complete, dtype=bool), prior[:1]),
         complete.mean(axis=1),
     )

@@ -9,11 +9,14 @@ the items outside the held-out split (the same split by item key as ``conductor 
 beat: each worker alone, a random pick, the oracle (per item the cheapest worker that was
 right: an upper bound), and two baselines fitted on the same embeddings and items: ``knn`` (the
 best worker of the 15 nearest training questions) and ``cluster`` (k-means on the embeddings,
-the best worker of each cluster, as Avengers-Pro does). Every router is swept over cost
-weights, giving its accuracy/cost curve; the area under it (accuracy integrated over cost up to
-the dearest worker's, divided by that cost) compares routers over the whole curve. Routers are
-compared on the held-out items every worker ran; when none did (traces alone: one worker per
-question), the router is fitted and the report says that it could not be judged.
+the best worker of each cluster, as Avengers-Pro does). The baselines are router files of their
+own (conductor_adapters.router serves all three), and the report scores each through the same
+``Router`` that serving and ``conductor eval --strategies router:FILE`` use. Every router is
+swept over cost weights, giving its accuracy/cost curve; the area under it (accuracy integrated
+over cost up to the dearest worker's, divided by that cost) compares routers over the whole
+curve. Routers are compared on the held-out items every worker ran; when none did (traces
+alone: one worker per question), the routers are fitted and the report says that they could
+not be judged.
 """
 
 from __future__ import annotations
@@ -31,8 +34,15 @@ import numpy.typing as npt
 
 from conductor.errors import ConfigurationError
 from conductor_adapters.embedding import QuestionEmbedder
+from conductor_adapters.packed_array import PackedArray
 from conductor_adapters.question_features import QUESTION_FEATURES, question_features
-from conductor_adapters.router import PER_QUESTIONS, Router, RouterModel, WorkerHead
+from conductor_adapters.router import (
+    PER_QUESTIONS,
+    Router,
+    RouterModel,
+    WorkerHead,
+    known_mean,
+)
 from conductor_evaluation import EvalItem, ItemResult, ResultStore, is_held_out, load_suite
 
 SINGLE = "single:"
@@ -166,11 +176,10 @@ def train_router(
     *,
     cost_weight: float = 0.0,
     progress: Progress | None = None,
-) -> tuple[RouterModel, dict[str, Any]]:
-    """The router (one logistic head per worker, fitted on the training items) and its report
-    on the held-out items."""
-    from sklearn.linear_model import LogisticRegression  # type: ignore[import-untyped]
-
+) -> tuple[dict[str, RouterModel], dict[str, Any]]:
+    """The router (one logistic head per worker) and the ``knn`` and ``cluster`` baselines, all
+    fitted on the training items and keyed by their names in the report, and the report on the
+    held-out items."""
     notify = progress or (lambda stage, done, total: None)
     questions = [item.question for item in data.items]
     embeddings = _embed(embedder, questions, notify)
@@ -180,20 +189,61 @@ def train_router(
             "the items fall all on one side of the held-out split: evaluate more items "
             "(--limit) or give more traces, so that both training and held-out items exist"
         )
-    # The heads read the embedding and the question's text features, standardised on the
-    # training items.
+    known = ~held[:, None] & ~np.isnan(data.right)
+    for j, worker in enumerate(data.workers):
+        if not known[:, j].any():
+            raise ConfigurationError(f"worker {worker} has no training results")
+    common: dict[str, Any] = {
+        "dim": embedder.dim,
+        "embedder": embedder.name,
+        "cost_weight": cost_weight,
+        "trained": {
+            "suites": sorted({item.suite for item in data.items}),
+            "training_items": int((~held).sum()),
+            "held_out_items": int(held.sum()),
+            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        },
+    }
+    # Every head of every router keeps its worker's mean cost over the training items it ran.
+    heads = [
+        WorkerHead(
+            name=worker,
+            cost_usd=float(np.nanmean(data.cost[known[:, j], j])),
+            trained_on=int(known[:, j].sum()),
+        )
+        for j, worker in enumerate(data.workers)
+    ]
+    models = {
+        "router": _fit_logistic(data, questions, embeddings, heads, common, notify),
+        "knn": _fit_knn(data, embeddings, heads, common),
+        "cluster": _fit_cluster(data, embeddings, heads, common),
+    }
+    routers = {name: Router(model, embedder) for name, model in models.items()}
+    return models, routing_report(data, embeddings, routers)
+
+
+def _fit_logistic(
+    data: RoutingData,
+    questions: list[str],
+    embeddings: npt.NDArray[np.float32],
+    heads: list[WorkerHead],
+    common: dict[str, Any],
+    notify: Progress,
+) -> RouterModel:
+    """Per worker a logistic head over the embedding and the standardised text features."""
+    from sklearn.linear_model import LogisticRegression  # type: ignore[import-untyped]
+
+    train = ~data.held_out
     raw = question_features(questions)
-    feature_mean = raw[~held].mean(axis=0)
-    feature_scale = raw[~held].std(axis=0)
+    feature_mean = raw[train].mean(axis=0)
+    feature_scale = raw[train].std(axis=0)
     feature_scale[feature_scale == 0] = 1.0
     inputs = np.hstack([embeddings, (raw - feature_mean) / feature_scale])
-    heads = []
-    for j, worker in enumerate(data.workers):
-        notify("fitting", j, len(data.workers))
-        known = ~held & ~np.isnan(data.right[:, j])
+    fitted_heads = []
+    for j, head in enumerate(heads):
+        notify("fitting", j, len(heads))
+        known = train & ~np.isnan(data.right[:, j])
         shares = data.right[known, j]
-        if len(shares) == 0:
-            raise ConfigurationError(f"worker {worker} has no training results")
         if shares.min() == shares.max():  # always right or always wrong: a constant head
             rate = min(max(shares.mean(), 0.01), 0.99)
             coef, intercept = [0.0] * inputs.shape[1], math.log(rate / (1 - rate))
@@ -205,33 +255,63 @@ def train_router(
             weights = np.concatenate([shares, 1 - shares])
             fitted = LogisticRegression(C=HEAD_C, max_iter=2000).fit(x, y, sample_weight=weights)
             coef, intercept = fitted.coef_[0].tolist(), float(fitted.intercept_[0])
-        heads.append(
-            WorkerHead(
-                name=worker,
-                coef=coef,
-                intercept=intercept,
-                cost_usd=float(np.nanmean(data.cost[known, j])),
-                trained_on=int(known.sum()),
-            )
-        )
-    notify("fitting", len(data.workers), len(data.workers))
-    model = RouterModel(
-        dim=embedder.dim,
-        embedder=embedder.name,
+        fitted_heads.append(head.model_copy(update={"coef": coef, "intercept": intercept}))
+    notify("fitting", len(heads), len(heads))
+    return RouterModel(
+        head="logistic",
         features=list(QUESTION_FEATURES),
         feature_mean=feature_mean.tolist(),
         feature_scale=feature_scale.tolist(),
-        cost_weight=cost_weight,
-        workers=heads,
-        trained={
-            "suites": sorted({item.suite for item in data.items}),
-            "training_items": int((~held).sum()),
-            "held_out_items": int(held.sum()),
-            "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        },
+        workers=fitted_heads,
+        **common,
     )
-    report = routing_report(data, embeddings, Router(model, embedder))
-    return model, report
+
+
+def _fit_knn(
+    data: RoutingData,
+    embeddings: npt.NDArray[np.float32],
+    heads: list[WorkerHead],
+    common: dict[str, Any],
+) -> RouterModel:
+    """The training questions' embeddings and their right-shares, unknown kept as NaN. The
+    embeddings are kept in float16, half the file of float32: finding for 600 of the simulated
+    run's questions the 15 nearest of the other 2,891, it changed 2 of the 9,000 found."""
+    train = ~data.held_out
+    return RouterModel(
+        head="knn",
+        points=PackedArray.of(embeddings[train], "float16"),
+        right=PackedArray.of(data.right[train], "float32"),
+        neighbours=min(KNN_NEIGHBOURS, int(train.sum())),
+        workers=heads,
+        **common,
+    )
+
+
+def _fit_cluster(
+    data: RoutingData,
+    embeddings: npt.NDArray[np.float32],
+    heads: list[WorkerHead],
+    common: dict[str, Any],
+) -> RouterModel:
+    """k-means centroids of the training questions and per cluster the known mean of its
+    questions' right-shares (none known for a worker: the worker's training mean)."""
+    from sklearn.cluster import KMeans  # type: ignore[import-untyped]
+
+    train = ~data.held_out
+    train_known = ~np.isnan(data.right[train])
+    train_right = np.where(train_known, data.right[train], 0.0)
+    prior = known_mean(train_right, train_known, np.zeros(len(data.workers)))
+    clusters = min(CLUSTERS, int(train.sum()))
+    kmeans = KMeans(n_clusters=clusters, n_init=4, random_state=0).fit(embeddings[train])
+    members = [kmeans.labels_ == k for k in range(clusters)]
+    shares = [known_mean(train_right[m], train_known[m], prior) for m in members]
+    return RouterModel(
+        head="cluster",
+        points=PackedArray.of(kmeans.cluster_centers_, "float32"),
+        right=PackedArray.of(np.array(shares), "float32"),
+        workers=heads,
+        **common,
+    )
 
 
 def _embed(
@@ -247,13 +327,11 @@ def _embed(
 
 
 def routing_report(
-    data: RoutingData, embeddings: npt.NDArray[np.float32], router: Router
+    data: RoutingData, embeddings: npt.NDArray[np.float32], routers: dict[str, Router]
 ) -> dict[str, Any]:
-    """Held-out accuracy and cost of each single worker, random, the oracle, and the curves of
-    the router, ``knn`` and ``cluster``."""
-    from sklearn.cluster import KMeans  # type: ignore[import-untyped]
-    from sklearn.neighbors import NearestNeighbors  # type: ignore[import-untyped]
-
+    """Held-out accuracy and cost of each single worker, random, the oracle, and the curve of
+    each router (``router``, ``knn``, ``cluster``: the first is the one the others are compared
+    with), each choosing as ``Router.choose`` does with every worker allowed."""
     held = data.held_out
     # Held-out items every worker ran: each router is judged on the same questions.
     complete = held & ~np.isnan(data.right).any(axis=1)
@@ -267,41 +345,24 @@ def routing_report(
             "workers": data.workers,
             "note": NOT_JUDGED,
         }
-    train = ~held
-    # Baselines average the known results only (a trace knows one worker per question);
-    # where a neighbourhood or cluster knows none for a worker, that worker's training mean.
-    train_known = ~np.isnan(data.right[train])
-    train_right = np.where(train_known, data.right[train], 0.0)
-    prior = _known_mean(train_right, train_known, np.zeros(len(data.workers)))
-    train_cost = np.nanmean(data.cost[train], axis=0)
-
-    picks: dict[str, npt.NDArray[np.int_]] = {}  # per router: (cost weights, items)
-
-    def sweep(name: str, p_right: npt.NDArray[np.float64]) -> Curve:
-        curve = Curve(name)
-        chosen = []
-        for weight in COST_WEIGHTS:
-            pick = (p_right - weight * train_cost * PER_QUESTIONS).argmax(axis=1)
-            chosen.append(pick)
-            curve.points.append({"cost_weight": weight, **_point(right, cost, pick)})
-        picks[name] = np.array(chosen)
-        return curve
-
     held_embeddings = embeddings[complete]
     held_questions = [
         item.question for item, kept in zip(data.items, complete, strict=True) if kept
     ]
-    neighbours = NearestNeighbors(n_neighbors=min(KNN_NEIGHBOURS, int(train.sum())))
-    _, nearest = neighbours.fit(embeddings[train]).kneighbors(held_embeddings)
-    clusters = min(CLUSTERS, int(train.sum()))
-    kmeans = KMeans(n_clusters=clusters, n_init=4, random_state=0).fit(embeddings[train])
-    members = [kmeans.labels_ == k for k in range(clusters)]
-    per_cluster = np.array([_known_mean(train_right[m], train_known[m], prior) for m in members])
-    curves = [
-        sweep("router", router.p_right(held_embeddings, held_questions)),
-        sweep("knn", _known_mean(train_right[nearest], train_known[nearest], prior)),
-        sweep("cluster", per_cluster[kmeans.predict(held_embeddings)]),
-    ]
+    picks: dict[str, npt.NDArray[np.int_]] = {}  # per router: (cost weights, items)
+    curves = []
+    for name, router in routers.items():
+        column = np.array([data.workers.index(worker) for worker in router.names])
+        p_right = router.p_right(held_embeddings, held_questions)
+        curve = Curve(name)
+        chosen = []
+        for weight in COST_WEIGHTS:
+            pick = column[router.picks(p_right, weight)]
+            chosen.append(pick)
+            curve.points.append({"cost_weight": weight, **_point(right, cost, pick)})
+        picks[name] = np.array(chosen)
+        curves.append(curve)
+    first = curves[0].name
     singles: dict[str, dict[str, Any]] = {
         worker: _point(right, cost, np.full(n, j)) for j, worker in enumerate(data.workers)
     }
@@ -335,7 +396,7 @@ def routing_report(
                 "area": round(c.area(max_cost), 4),
                 "area_ci": _interval(areas[c.name]),
                 # Paired over the same resampled items: above 0 means the router is ahead.
-                "router_minus_this_ci": _interval(areas["router"] - areas[c.name]),
+                "router_minus_this_ci": _interval(areas[first] - areas[c.name]),
                 "points": c.points,
             }
             for c in curves
@@ -343,15 +404,6 @@ def routing_report(
         "bootstrap": f"{BOOTSTRAP} resamples of the held-out items, 95% intervals",
         "max_cost_usd": max_cost,
     }
-
-
-def _known_mean(
-    right: npt.NDArray[np.float64], known: npt.NDArray[np.bool_], prior: npt.NDArray[np.float64]
-) -> npt.NDArray[np.float64]:
-    """Per worker, the mean over the second-to-last axis of the known results; ``prior`` where
-    none is known. On complete results, the plain mean."""
-    sums, counts = np.where(known, right, 0.0).sum(axis=-2), known.sum(axis=-2)
-    return np.where(counts > 0, sums / np.maximum(counts, 1), prior)
 
 
 def _interval(values: npt.NDArray[np.float64]) -> list[float]:
