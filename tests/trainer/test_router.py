@@ -542,6 +542,45 @@ async def test_the_requests_cost_weight_reaches_the_router_over_the_wire() -> No
     assert json.loads(outcome.raw_output)["cost_weight"] == 1000.0
 
 
+async def test_the_planner_service_routes_over_grpc_as_distributed_mode_asks(
+    tmp_path: Path,
+) -> None:
+    """``conductor planner`` with a router file: a one-step Plan over gRPC is the router's."""
+    from conductor_adapters.embedding import EMBEDDER_NAME
+    from conductor_adapters.rpc.planner_client import GrpcPlanner
+    from conductor_adapters.settings import Settings
+
+    from fakes.planner_service import factory_of, running_planner
+
+    dim = 256  # WordLlama's, which the planner service loads
+    heads = [
+        WorkerHead(
+            name=name,
+            coef=[0.0] * dim,
+            intercept=3.0 if name == "gamma" else -3.0,
+            cost_usd=0.001,
+            trained_on=10,
+        )
+        for name in NAMES
+    ]
+    path = tmp_path / "router.json"
+    save_router_model(RouterModel(embedder=EMBEDDER_NAME, dim=dim, workers=heads), path)
+    backend = ScriptedBackend(["unused"])
+    settings_with_router = Settings(router_model=str(path))
+    async with running_planner(factory_of(backend), settings=settings_with_router) as (server, _):
+        await server.wait_loaded()
+        client = GrpcPlanner(server.address)
+        try:
+            outcome = await client.plan(_plan_request())
+        finally:
+            await client.aclose()
+
+    assert outcome.backend == "router"
+    assert PLAN_POOL[outcome.plan.steps[0].model_id].name == "gamma"
+    assert json.loads(outcome.raw_output)["scores"]["gamma"]["p_right"] > 0.9
+    assert not backend.requests  # the language model was never asked
+
+
 async def test_the_model_plans_what_the_router_cannot_decide_and_says_why() -> None:
     backend = ScriptedBackend([lists([0], ["Solve it."], [[]])])
     planner = ConductorPlanner(backend, router=ROUTER)  # type: ignore[arg-type]
