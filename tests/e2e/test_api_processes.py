@@ -29,7 +29,7 @@ from openai import OpenAI
 
 from conductor_adapters.rpc.v1 import workflows_pb2, workflows_pb2_grpc
 from conductor_adapters.store.db import make_engine, upgrade
-from conductor_adapters.store.keys import create_key
+from conductor_adapters.store.keys import KEY_CACHE_S, create_key
 from conductor_cli.local_stack import ENTRY, LocalStack, ServiceProcess
 
 from fakes.api_process import announced_addresses, start_api_role
@@ -178,6 +178,7 @@ def test_serve_answers_openly_until_a_key_exists_then_only_with_keys(
         assert made.returncode == 0, made.stderr
         key = made.stdout.strip().splitlines()[0]
         assert key.startswith("cnd_")
+        time.sleep(KEY_CACHE_S)  # the open answer is reused this long
 
         # Then a wrong key is refused, and the new key is served
         with pytest.raises(openai.AuthenticationError) as refused:
