@@ -66,6 +66,13 @@ def train_command(
         False, "--resume", help="Carry on from the last checkpoint in OUT/trainer."
     ),
     seed: int = typer.Option(0, "--seed"),
+    lora_rank: int = typer.Option(
+        0,
+        "--lora-rank",
+        min=0,
+        help="Train LoRA adapters of this rank on every linear layer instead of all weights "
+        "(0: off); the checkpoint has them merged in and serves as one model.",
+    ),
     grpo: list[str] = typer.Option(  # noqa: B008 (typer's way to declare a repeated option)
         [],
         "--grpo",
@@ -93,6 +100,7 @@ def train_command(
         randomized_pools=randomized_pools,
         base_model=base_model,
         seed=seed,
+        lora_rank=lora_rank,
         format_warmup_steps=format_warmup,
         save_every=save_every,
         resume=resume,

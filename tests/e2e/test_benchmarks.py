@@ -43,3 +43,21 @@ def test_the_routing_benchmark_times_the_router_against_the_model() -> None:
     assert "router (wordllama-l2-256, 4 workers): p50" in done.stdout
     assert "language-model one-step plan (llamacpp): p50" in done.stdout
     assert "router faster by" in done.stdout
+
+
+@pytest.mark.training
+def test_the_grpo_step_benchmark_times_each_part_of_a_step(tmp_path: Path) -> None:
+    from fakes.tiny_model import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "tiny-model")
+    command = [sys.executable, str(ROOT / "benchmarks" / "grpo_step.py")]
+    command += ["--questions", "1", "--samples", "2", "--new-tokens", "16", "--steps", "1"]
+    command += ["--base-model", str(model), "--out", str(tmp_path / "run")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    steps = json.loads((tmp_path / "run" / "grpo_step.json").read_text())["steps"]
+    assert [s["step"] for s in steps] == [1]
+    assert steps[0]["generate_s"] > 0  # sampling was timed...
+    assert steps[0]["tokens_generated"] > 0
+    assert steps[0]["samples_scored"] == 2  # ...and scoring
+    assert steps[0]["wall_s"] >= steps[0]["generate_s"] + steps[0]["reward_s"]

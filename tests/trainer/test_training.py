@@ -261,12 +261,17 @@ def test_randomized_pools_are_non_empty_subsets_in_pool_order() -> None:
 
 
 def tiny_training_run(
-    out: Path, *, steps: int, resume: bool = False, base_model: Path | None = None
+    out: Path,
+    *extra: str,
+    steps: int,
+    resume: bool = False,
+    base_model: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`conductor train` with tiny limits on the sim pool, a checkpoint every step; the real
-    SmolLM2 unless ``base_model`` names another."""
+    SmolLM2 unless ``base_model`` names another; ``extra`` options added."""
     return run_conductor(
         "train",
+        *extra,
         *(["--base-model", str(base_model)] if base_model else []),
         "--pool",
         "sim",
@@ -338,6 +343,27 @@ def test_a_short_training_run_writes_a_checkpoint_the_planner_serves(
     resumed = tiny_training_run(out, steps=2, resume=True, base_model=tiny_model)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
+
+
+@pytest.mark.training
+@pytest.mark.processes
+def test_lora_training_saves_the_adapters_merged_into_one_model_the_planner_serves(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    out = tmp_path / "train"
+    done = tiny_training_run(out, "--lora-rank", "4", steps=1, base_model=tiny_model)
+    assert done.returncode == 0, done.stderr[-3000:]
+    checkpoint = out / "checkpoint"
+    assert not (checkpoint / "adapter_config.json").exists()  # one model, not base + adapter
+    trained = load_file(str(checkpoint / "model.safetensors"))
+    base = load_file(str(tiny_model / "model.safetensors"))
+    # The base's own weight names and shapes: no LoRA matrix left over. (Whether it learnt
+    # cannot show here: a random tiny model's samples are all invalid, every advantage 0.)
+    assert {n: t.shape for n, t in trained.items()} == {n: t.shape for n, t in base.items()}
+    assert json.loads((out / "train_options.json").read_text())["lora_rank"] == 4
+    assert_served(checkpoint)
 
 
 @pytest.mark.model

@@ -57,6 +57,9 @@ class TrainOptions:
     first_round_discount: float = 0.25
     seed: int = 0
     step_timeout_s: float = 120.0
+    # LoRA adapters of this rank on every linear layer instead of training all weights (0: off);
+    # the saved checkpoint has them merged in, so it serves as one model.
+    lora_rank: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # more GRPOConfig fields, as given
 
 
@@ -77,6 +80,17 @@ def _import_training() -> tuple[Any, Any, Any]:
     except ImportError as exc:
         raise ConfigurationError(f"training needs TRL ({exc}): `{TRAIN_INSTALL_HINT}`") from exc
     return datasets, transformers, trl
+
+
+def lora_config(rank: int) -> Any:
+    """LoRA on every linear layer of the model, alpha = 2 x rank (a common default)."""
+    try:
+        import peft
+    except ImportError as exc:
+        raise ConfigurationError(f"--lora-rank needs peft ({exc}): `{TRAIN_INSTALL_HINT}`") from exc
+    return peft.LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
 
 
 def grpo_config(options: TrainOptions, trl: Any, *, use_cpu: bool) -> Any:
@@ -119,6 +133,8 @@ def train(
     ``gateway_for`` opens the gateway the rollouts run on, over the training pool."""
     if options.recursion_stage and options.max_plan_steps < 2:
         raise ConfigurationError("the recursion stage needs plans of 2 steps or more")
+    if options.lora_rank < 0:
+        raise ConfigurationError("--lora-rank must be 0 (off) or more")
     if not 0 <= options.first_round_discount <= 1:
         raise ConfigurationError("--first-round-discount must be between 0 and 1")
     if options.resume and not list((options.out / "trainer").glob("checkpoint-*")):
@@ -198,6 +214,7 @@ def train(
         train_dataset=datasets.Dataset.from_list(rows),
         processing_class=tokenizer,
         callbacks=[metrics.callback(transformers)],
+        peft_config=lora_config(options.lora_rank) if options.lora_rank else None,
     )
     try:
         trainer.train(resume_from_checkpoint=True if options.resume else None)
@@ -205,7 +222,11 @@ def train(
         if policy is not None:
             asyncio.run(policy.aclose())
     checkpoint = options.out / CHECKPOINT_DIR
-    trainer.save_model(str(checkpoint))
+    if options.lora_rank:
+        # The adapters merged into the weights: the planner loads one model, as ever.
+        trainer.model.merge_and_unload().save_pretrained(str(checkpoint))
+    else:
+        trainer.save_model(str(checkpoint))
     tokenizer.save_pretrained(str(checkpoint))
     (options.out / "train_options.json").write_text(
         json.dumps(

