@@ -137,12 +137,21 @@ def main() -> None:
         scored.__name__ = getattr(score, "__name__", "reward")
         return scored
 
+    rows: list[dict[str, Any]] = []
+    result = out / "grpo_step.json"
+
     class StepClock(transformers.TrainerCallback):
+        """Reports each step as it ends (and keeps it on disk: a long run stopped early keeps
+        the steps it finished)."""
+
         def on_step_begin(self, *_: Any, **__: Any) -> None:
             self.started = time.perf_counter()
 
         def on_step_end(self, *_: Any, **__: Any) -> None:
             timings.next_step(time.perf_counter() - self.started)
+            rows.append(report_step(timings, len(timings.step) - 1))
+            saved = {"options": vars(args) | {"out": str(out)}, "steps": rows}
+            result.write_text(json.dumps(saved, indent=1))
 
     grpo_trainer: Any = trl.GRPOTrainer  # type: ignore[attr-defined]
     original_init = grpo_trainer.__init__
@@ -166,32 +175,30 @@ def main() -> None:
     finally:
         PlanRewarder.reward_function = original_reward_function  # type: ignore[method-assign]
         grpo_trainer.__init__ = original_init
-    total = time.perf_counter() - started
-    rows = []
-    for n, step in enumerate(timings.step):
-        generate, reward = timings.generate[n], timings.reward[n]
-        row = {
-            "step": n + 1,
-            "wall_s": round(step, 3),
-            "generate_s": round(generate, 3),
-            "reward_s": round(reward, 3),
-            "rest_s": round(step - generate - reward, 3),
-            "prompt_tokens": timings.prompt_tokens[n],  # padded, all samples
-            "tokens_generated": timings.tokens[n],  # up to the longest sample, all samples
-            "samples_scored": timings.scored[n],
-        }
-        rows.append(row)
-        print(
-            f"step {row['step']}: {row['wall_s']:7.1f} s  generate {row['generate_s']:6.1f} s  "
-            f"reward {row['reward_s']:5.1f} s  log-probs, loss, backward, optimizer "
-            f"{row['rest_s']:6.1f} s",
-            flush=True,
-        )
-    print(f"whole run (loading, warm-up, saving included): {total:.1f} s")
-    (out / "grpo_step.json").write_text(
-        json.dumps({"options": vars(args) | {"out": str(out)}, "steps": rows}, indent=1)
+    print(f"whole run (loading, warm-up, saving included): {time.perf_counter() - started:.1f} s")
+    print(f"wrote {result}")
+
+
+def report_step(timings: Timings, n: int) -> dict[str, Any]:
+    """Step ``n`` (from 0) as a row, printed."""
+    step, generate, reward = timings.step[n], timings.generate[n], timings.reward[n]
+    row = {
+        "step": n + 1,
+        "wall_s": round(step, 3),
+        "generate_s": round(generate, 3),
+        "reward_s": round(reward, 3),
+        "rest_s": round(step - generate - reward, 3),
+        "prompt_tokens": timings.prompt_tokens[n],  # padded, all samples
+        "tokens_generated": timings.tokens[n],  # up to the longest sample, all samples
+        "samples_scored": timings.scored[n],
+    }
+    print(
+        f"step {row['step']}: {step:7.1f} s  generate {generate:6.1f} s  reward {reward:5.1f} s  "
+        f"log-probs, loss, backward, optimizer {row['rest_s']:6.1f} s  "
+        f"({row['prompt_tokens']} prompt tokens, {row['tokens_generated']} generated)",
+        flush=True,
     )
-    print(f"wrote {out / 'grpo_step.json'}")
+    return row
 
 
 if __name__ == "__main__":
