@@ -16,7 +16,7 @@ from conductor_adapters.settings import Settings
 from conductor_cli.wiring import open_eval_runtime
 from conductor_evaluation import code_check
 from conductor_evaluation.harness import EvalOptions, EvalOutcome, evaluate
-from conductor_evaluation.report import percentile, summarize, wilson
+from conductor_evaluation.report import percentile, render_markdown, routing, summarize, wilson
 from conductor_evaluation.results import RESULTS_FILE, ItemResult
 from conductor_evaluation.sandbox import SandboxLimits
 from conductor_evaluation.sim import builtin_sim_pool
@@ -117,6 +117,62 @@ def test_report_statistics() -> None:
     assert percentile([5.0], 0.95) == 5.0
 
 
+def test_the_routing_table_says_which_workers_each_strategy_used() -> None:
+    def run(strategy: str, item: str, workers: list[str], sees: list[list[int]]) -> ItemResult:
+        return ItemResult(
+            suite="gsm8k",
+            item_id=item,
+            strategy=strategy,
+            correct=True,
+            status="completed",
+            steps=len(workers),
+            workers=workers,
+            sees=sees,
+        )
+
+    results = [
+        run("conductor-mini", "1", ["sim-math"], [[]]),
+        run("conductor-mini", "2", ["sim-math", "sim-frontier"], [[], [0]]),
+        run("conductor-mini", "3", ["sim-small", "sim-small"], [[], []]),
+        run("conductor-mini", "4", ["sim-frontier"], [[]]),
+        run("single:sim-small", "1", ["sim-small"], [[]]),
+    ]
+    strategies = parse_strategies(
+        "conductor-mini,single:sim-small,oracle", POOL, dict(BUILTIN_VARIANTS)
+    )
+    summary = summarize(results, strategies)
+
+    table = routing(results, summary, NAMES)["gsm8k"]
+
+    assert [r.strategy for r in table] == ["conductor-mini", "single:sim-small"]  # no oracle row
+    conductor = table[0]
+    assert conductor.n == 4
+    assert conductor.worker_share == {
+        "sim-frontier": 0.5,
+        "sim-math": 0.5,
+        "sim-coder": 0.0,
+        "sim-small": 0.25,
+    }
+    assert conductor.plans_by_steps == {1: 2, 2: 2}
+    assert conductor.sees_earlier_share == 0.25  # only item 2's second step saw the first
+    assert table[1].worker_share["sim-small"] == 1.0
+    markdown = render_markdown(
+        summary,
+        {
+            "pool_label": "sim",
+            "workers": NAMES,
+            "planner": "p",
+            "limit": 4,
+            "seed": 0,
+            "generated_at": "now",
+            "command": "conductor eval",
+        },
+        None,
+        routing(results, summary, NAMES),
+    )
+    assert "| conductor-mini | 50% | 50% | 0% | 25% | 1: 2, 2: 2 | 25% |" in markdown
+
+
 def test_the_report_gives_the_methods_mean_reward() -> None:
     """0 for an invalid Conductor plan even when its fallback step was right, 0.5 wrong, 1
     right; baselines' plans count as valid."""
@@ -171,6 +227,12 @@ async def test_the_sim_ranking_follows_the_profiles_and_the_report_is_written(
     small = next(r for r in rows if r["strategy"] == "single:sim-small")
     assert frontier["cost_per_question_usd"] > 10 * small["cost_per_question_usd"] > 0
     assert next(r for r in rows if r["strategy"].startswith("moa"))["steps_per_question"] == 5
+    routed = {r["strategy"]: r for r in outcome.summary["routing"]["gsm8k"]}
+    assert routed["single:sim-math"]["worker_share"]["sim-math"] == 1.0
+    moa = next(r for name, r in routed.items() if name.startswith("moa"))
+    assert moa["plans_by_steps"] == {"5": 60}  # (JSON keys)
+    assert moa["sees_earlier_share"] == 1.0  # the aggregator sees the proposals
+    assert routed["single:sim-math"]["sees_earlier_share"] == 0.0
     markdown = outcome.report_md.read_text()
     assert "Simulated workers" in markdown
     assert "| oracle |" in markdown

@@ -15,7 +15,7 @@ from conductor_adapters.settings import Settings, load_pool, load_variants
 from conductor_evaluation.datasets import load_suite
 from conductor_evaluation.items import EvalItem
 from conductor_evaluation.plot import plot_accuracy_vs_cost
-from conductor_evaluation.report import render_markdown, report_json, summarize
+from conductor_evaluation.report import render_markdown, report_json, routing, summarize
 from conductor_evaluation.results import ItemResult, ResultStore
 from conductor_evaluation.runner import EvalRuntime, pending_jobs, run_jobs
 from conductor_evaluation.sim import builtin_sim_pool
@@ -152,9 +152,10 @@ def write_report(
         )
         meta["plot_x_axis"] = plot_accuracy_vs_cost(summary, plot_path, title)
     md_path, json_path = out / "report.md", out / "report.json"
+    routed = routing(results, summary, meta["workers"])
     md_path.write_text(
-        render_markdown(summary, meta, PLOT_FILE if summary else None), encoding="utf-8"
+        render_markdown(summary, meta, PLOT_FILE if summary else None, routed), encoding="utf-8"
     )
-    document = report_json(summary, meta)
+    document = report_json(summary, meta, routed)
     json_path.write_text(json.dumps(document, indent=2), encoding="utf-8")
     return EvalOutcome(md_path, json_path, plot_path, document, ran, results)

@@ -1,10 +1,12 @@
 """The evaluation report: per suite and strategy, accuracy with its confidence interval, tokens,
-cost, steps and latency; as Markdown (``report.md``) and JSON (``report.json``)."""
+cost, steps and latency, and how each strategy routed (which workers it used, how many steps,
+how often a step saw an earlier one's output); as Markdown (``report.md``) and JSON
+(``report.json``)."""
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -33,6 +35,19 @@ class StrategyRow(BaseModel):
     plan_valid_rate: float | None = None  # Conductor only
     # The training reward (0 invalid plan / 0.5 wrong / 1 right); baselines' plans are valid.
     mean_reward: float = 0.0
+
+
+class RoutingRow(BaseModel):
+    """How one strategy's plans used the pool on one suite."""
+
+    strategy: str
+    n: int
+    # Per worker, the share of questions whose plan gave it a step.
+    worker_share: dict[str, float]
+    # Per number of worker steps, how many plans had it.
+    plans_by_steps: dict[int, int]
+    # The share of plans with a step that saw an earlier step's output (a check, a refinement).
+    sees_earlier_share: float
 
 
 def wilson(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -92,6 +107,33 @@ def summarize(
     }
 
 
+def routing(
+    results: Sequence[ItemResult], summary: dict[str, list[StrategyRow]], workers: Sequence[str]
+) -> dict[str, list[RoutingRow]]:
+    """Per suite, in the summary's order, how each strategy's plans used ``workers``."""
+    grouped: dict[tuple[str, str], list[ItemResult]] = defaultdict(list)
+    for r in results:
+        grouped[(r.suite, r.strategy)].append(r)
+    table: dict[str, list[RoutingRow]] = {}
+    for suite, rows in summary.items():
+        table[suite] = []
+        for row in rows:
+            runs = grouped.get((suite, row.strategy), [])
+            if not runs:
+                continue  # the oracle: made of other strategies' runs
+            n = len(runs)
+            table[suite].append(
+                RoutingRow(
+                    strategy=row.strategy,
+                    n=n,
+                    worker_share={w: sum(w in r.workers for r in runs) / n for w in workers},
+                    plans_by_steps=dict(sorted(Counter(r.steps for r in runs).items())),
+                    sees_earlier_share=sum(any(r.sees) for r in runs) / n,
+                )
+            )
+    return table
+
+
 def _row(name: str, kind: Kind, rows: list[ItemResult]) -> StrategyRow:
     n = len(rows)
     correct = sum(r.correct for r in rows)
@@ -120,7 +162,10 @@ def _row(name: str, kind: Kind, rows: list[ItemResult]) -> StrategyRow:
 
 
 def render_markdown(
-    summary: dict[str, list[StrategyRow]], meta: dict[str, Any], plot_file: str | None
+    summary: dict[str, list[StrategyRow]],
+    meta: dict[str, Any],
+    plot_file: str | None,
+    routed: dict[str, list[RoutingRow]],
 ) -> str:
     lines = ["# Conductor evaluation", ""]
     simulated = meta.get("simulated_workers") or []
@@ -158,6 +203,7 @@ def render_markdown(
                 f"| {r.failed} | {valid} | {r.mean_reward:.3f} |"
             )
         lines.append("")
+        lines += _routing_markdown(routed.get(suite, []), meta["workers"])
     lines += [
         "Accuracy is the share of items whose final answer the suite's verifier accepts; a "
         "workflow that failed counts as wrong. The oracle is, per item, the cheapest single "
@@ -172,10 +218,34 @@ def render_markdown(
     return "\n".join(lines)
 
 
-def report_json(summary: dict[str, list[StrategyRow]], meta: dict[str, Any]) -> dict[str, Any]:
+def _routing_markdown(rows: list[RoutingRow], workers: Sequence[str]) -> list[str]:
+    if not rows:
+        return []
+    lines = [
+        "How each strategy routed: the share of questions each worker worked on, plans by "
+        "number of steps, and the share of plans where a step saw an earlier step's output.",
+        "",
+        "| strategy | " + " | ".join(workers) + " | plans by steps | sees an earlier step |",
+        "|---|" + "---:|" * len(workers) + "---|---:|",
+    ]
+    for r in rows:
+        shares = " | ".join(f"{r.worker_share.get(w, 0.0):.0%}" for w in workers)
+        steps = ", ".join(f"{k}: {v}" for k, v in r.plans_by_steps.items())
+        lines.append(f"| {r.strategy} | {shares} | {steps} | {r.sees_earlier_share:.0%} |")
+    return [*lines, ""]
+
+
+def report_json(
+    summary: dict[str, list[StrategyRow]],
+    meta: dict[str, Any],
+    routed: dict[str, list[RoutingRow]],
+) -> dict[str, Any]:
     return {
         **meta,
         "suites": {
             suite: [row.model_dump(mode="json") for row in rows] for suite, rows in summary.items()
+        },
+        "routing": {
+            suite: [row.model_dump(mode="json") for row in rows] for suite, rows in routed.items()
         },
     }

@@ -33,7 +33,8 @@ class ItemResult(BaseModel):
     reference: str = ""
     plan_valid: bool | None = None  # the Conductor's first plan parsed and validated
     steps: int = 0
-    workers: list[str] = []
+    workers: list[str] = []  # of each worker step, in order
+    sees: list[list[int]] = []  # of each worker step, the earlier steps whose output it saw
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0

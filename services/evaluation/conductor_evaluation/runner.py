@@ -141,6 +141,7 @@ def item_result(
         plan_valid=workflow.plan_valid if strategy.kind is Kind.CONDUCTOR else None,
         steps=len(worker_steps),
         workers=[s.worker for s in worker_steps],
+        sees=[list(s.visible_steps) for s in worker_steps],
         prompt_tokens=workflow.usage.prompt_tokens,
         completion_tokens=workflow.usage.completion_tokens,
         cost_usd=workflow.cost_usd,
