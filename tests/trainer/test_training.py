@@ -87,7 +87,16 @@ async def test_the_reward_function_scores_a_batch_and_logs_its_metrics(
         log_metric=logged.__setitem__,
     )
     assert rewards == [INVALID, WRONG, RIGHT]
-    assert logged == {"format_valid": 2 / 3, "accuracy": 1 / 3, "steps_per_plan": 1.5}
+    assert logged == {
+        "format_valid": 2 / 3,
+        "accuracy": 1 / 3,
+        "steps_per_plan": 1.5,
+        # How the two valid plans routed: both used "never", one "always", whose step saw the
+        # first one's output.
+        "worker_share/never": 1.0,
+        "worker_share/always": 0.5,
+        "sees_earlier": 0.5,
+    }
 
 
 # -- the recursion stage ---------------------------------------------------------------------
@@ -445,7 +454,14 @@ def test_the_curve_is_redrawn_at_each_checkpoint(tmp_path: Path) -> None:
     state = SimpleNamespace(global_step=1)
     callback.on_save(None, state, None)
     assert not curve.exists()  # nothing logged yet: nothing to draw
-    logs = {"reward": 0.5, "format_valid": 1.0, "steps_per_plan": 1.0, "recursion_rate": 0.25}
+    logs = {
+        "reward": 0.5,
+        "format_valid": 1.0,
+        "steps_per_plan": 1.0,
+        "recursion_rate": 0.25,
+        "worker_share/never": 0.5,
+        "sees_earlier": 0.25,
+    }
     callback.on_log(None, state, None, logs=logs)
     callback.on_save(None, state, None)
     assert curve.read_bytes()[:4] == b"\x89PNG"

@@ -13,6 +13,10 @@ FORMAT_VALID = "format_valid"
 STEPS_PER_PLAN = "steps_per_plan"
 ACCURACY = "accuracy"
 RECURSION_RATE = "recursion_rate"  # the recursion stage only
+# How the valid plans routed: per worker (this prefix + its name) the share of plans that gave
+# it a step, and the share of plans with a step that saw an earlier step's output.
+WORKER_SHARE = "worker_share/"
+SEES_EARLIER = "sees_earlier"
 
 
 class MetricsFile:
@@ -54,7 +58,8 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def plot_training_curve(metrics_path: Path, out: Path) -> None:
-    """Mean reward, format-valid rate and steps per plan against the training step."""
+    """Mean reward, format-valid rate and steps per plan against the training step, and how
+    the valid plans routed (each worker's share, steps that saw an earlier step)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -62,7 +67,7 @@ def plot_training_curve(metrics_path: Path, out: Path) -> None:
 
     rows = read_metrics(metrics_path)
     steps = [r["step"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    fig, (left, right, routed) = plt.subplots(1, 3, figsize=(16, 4), constrained_layout=True)
     for key, label in (
         (REWARD, "mean reward"),
         (FORMAT_VALID, "format-valid rate"),
@@ -80,6 +85,25 @@ def plot_training_curve(metrics_path: Path, out: Path) -> None:
     right.set_xlabel("training step")
     right.set_ylabel("worker steps per valid plan")
     right.grid(True, alpha=0.3)
+    workers = sorted(
+        {k.removeprefix(WORKER_SHARE) for r in rows for k in r if k.startswith(WORKER_SHARE)}
+    )
+    for worker in workers:
+        routed.plot(steps, [r.get(WORKER_SHARE + worker) for r in rows], marker=".", label=worker)
+    if any(SEES_EARLIER in r for r in rows):
+        routed.plot(
+            steps,
+            [r.get(SEES_EARLIER) for r in rows],
+            linestyle="--",
+            color="black",
+            label="a step sees an earlier one",
+        )
+    routed.set_xlabel("training step")
+    routed.set_ylabel("share of valid plans")
+    routed.set_ylim(-0.02, 1.02)
+    routed.grid(True, alpha=0.3)
+    if workers:
+        routed.legend(fontsize=7)
     fig.suptitle("Conductor GRPO training")
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -34,6 +34,14 @@ from conductor.protocol import ParseFailure, parse_plan, validate_plan
 from conductor.variants import MAX_STEPS_LIMIT, Variant
 from conductor.workflow import Plan, PlanOutcome, StepKind, WorkflowStatus
 from conductor_evaluation import INVALID, EvalItem, given_outcome, method_reward, simulating, verify
+from conductor_trainer.metrics import (
+    ACCURACY,
+    FORMAT_VALID,
+    RECURSION_RATE,
+    SEES_EARLIER,
+    STEPS_PER_PLAN,
+    WORKER_SHARE,
+)
 
 if TYPE_CHECKING:
     from conductor_planner import ConductorPlanner
@@ -47,6 +55,8 @@ class Rollout:
     steps: int
     errors: tuple[str, ...] = ()
     recursed: bool = False
+    workers: tuple[str, ...] = ()  # of the worker steps, in order
+    sees_earlier: bool = False  # a worker step saw an earlier step's output
 
 
 @dataclass(frozen=True)
@@ -187,14 +197,22 @@ class PlanRewarder:
                 result.status is WorkflowStatus.COMPLETED
                 and (await verify(item, result.answer)).correct
             )
-        steps = sum(1 for s in result.steps if s.kind is StepKind.WORKER)
+        worker_steps = [s for s in result.steps if s.kind is StepKind.WORKER]
         # Recursed: a later round's worker answered. A hand-back whose next round stopped (or
         # was invalid, which stops it) leaves the first round's answer, discounted.
         recursed = any(s.round > 0 and s.kind is StepKind.WORKER for s in result.steps)
         reward = method_reward(valid=True, correct=correct)
         if self.recursion and not recursed:
             reward *= self.recursion.first_round_discount
-        return Rollout(reward, True, correct, steps, recursed=recursed)
+        return Rollout(
+            reward,
+            True,
+            correct,
+            len(worker_steps),
+            recursed=recursed,
+            workers=tuple(s.worker for s in worker_steps),
+            sees_earlier=any(s.visible_steps for s in worker_steps),
+        )
 
     def reward_function(self) -> Callable[..., Any]:
         """The function GRPOTrainer calls (async: TRL runs it on its event loop thread)."""
@@ -216,18 +234,34 @@ class PlanRewarder:
                     )
                 )
             if log_metric is not None:
-                log_metric_summary(log_metric, rollouts, recursion=self.recursion is not None)
+                log_metric_summary(
+                    log_metric,
+                    rollouts,
+                    recursion=self.recursion is not None,
+                    workers=[w.name for w in self.pool.workers],
+                )
             return [r.reward for r in rollouts]
 
         return plan_reward
 
 
 def log_metric_summary(
-    log_metric: Callable[[str, float], None], rollouts: Sequence[Rollout], *, recursion: bool
+    log_metric: Callable[[str, float], None],
+    rollouts: Sequence[Rollout],
+    *,
+    recursion: bool,
+    workers: Sequence[str] = (),
 ) -> None:
+    """The batch's metrics; with ``workers``, how the valid plans routed: per worker the share
+    of them that gave it a step, and the share with a step that saw an earlier one's output."""
     valid = [r for r in rollouts if r.valid]
-    log_metric("format_valid", len(valid) / len(rollouts))
-    log_metric("accuracy", sum(r.correct for r in rollouts) / len(rollouts))
-    log_metric("steps_per_plan", sum(r.steps for r in valid) / len(valid) if valid else 0.0)
+    log_metric(FORMAT_VALID, len(valid) / len(rollouts))
+    log_metric(ACCURACY, sum(r.correct for r in rollouts) / len(rollouts))
+    log_metric(STEPS_PER_PLAN, sum(r.steps for r in valid) / len(valid) if valid else 0.0)
+    if valid and workers:
+        for worker in workers:
+            share = sum(worker in r.workers for r in valid) / len(valid)
+            log_metric(WORKER_SHARE + worker, share)
+        log_metric(SEES_EARLIER, sum(r.sees_earlier for r in valid) / len(valid))
     if recursion:
-        log_metric("recursion_rate", sum(r.recursed for r in rollouts) / len(rollouts))
+        log_metric(RECURSION_RATE, sum(r.recursed for r in rollouts) / len(rollouts))
