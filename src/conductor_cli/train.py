@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from conductor.errors import ConfigurationError
 from conductor_adapters.settings import get_settings
@@ -109,7 +111,26 @@ def train_command(
         extra=grpo_fields(grpo),
     )
     settings = get_settings()
-    outcome = train(options, settings, lambda pool: in_process_gateway(pool, settings))
+    console = Console(stderr=True, highlight=False)
+    progress = Progress(
+        TextColumn("[bold]train[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    task = progress.add_task("loading the model and the items", total=None)
+
+    def report(phase: str, done: int, total: int) -> None:
+        what = (
+            f"saving step {done}" if phase == "saving" else f"step {min(done + 1, total)}: {phase}"
+        )
+        progress.update(task, description=what, completed=done, total=total)
+
+    with progress:
+        outcome = train(
+            options, settings, lambda pool: in_process_gateway(pool, settings), progress=report
+        )
     typer.echo(f"trained on {outcome.train_items} items; checkpoint: {outcome.checkpoint}")
     typer.echo(f"metrics: {outcome.metrics}")
     typer.echo(f"curve: {outcome.curve}")

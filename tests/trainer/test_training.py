@@ -465,3 +465,37 @@ def test_the_curve_is_redrawn_at_each_checkpoint(tmp_path: Path) -> None:
     callback.on_log(None, state, None, logs=logs)
     callback.on_save(None, state, None)
     assert curve.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.training
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers' renames, inside TRL
+def test_training_reports_what_it_is_doing_at_each_step(tmp_path: Path, tiny_model: Path) -> None:
+    from conductor_adapters.settings import Settings
+    from conductor_cli.wiring import in_process_gateway
+    from conductor_trainer.train import TrainOptions, train
+
+    heard: list[tuple[str, int, int]] = []
+    options = TrainOptions(
+        suites=["gsm8k"],
+        out=tmp_path / "train",
+        steps=2,
+        questions_per_step=1,
+        group_size=2,
+        max_completion_tokens=16,
+        items_per_suite=4,
+        base_model=str(tiny_model),
+        save_every=1,
+    )
+    settings = Settings()
+    train(
+        options,
+        settings,
+        lambda pool: in_process_gateway(pool, settings),
+        lambda phase, done, total: heard.append((phase, done, total)),
+    )
+
+    grpo = [(phase, done) for phase, done, total in heard if total == 2]
+    # Each step: sampling, then scoring the samples, then the update, then its checkpoint.
+    steps = [("generating", 0), ("scoring", 0), ("updating", 0), ("generating", 1), ("saving", 1)]
+    assert [entry for entry in grpo if entry in steps][: len(steps)] == steps
+    assert ("saving", 2) in grpo

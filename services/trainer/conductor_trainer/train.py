@@ -31,6 +31,11 @@ WARMUP_CHECKPOINT_DIR = "warmup-checkpoint"  # the model after the format warm-u
 CURVE_FILE = "training_curve.png"
 TRAIN_INSTALL_HINT = "pip install 'conductor-orchestrator[transformers,eval,train]'"
 
+# What training is doing, and how far it is: (phase, steps done, steps in all). Phases: "format
+# warm-up", then per GRPO step "generating" (sampling the plans), "scoring" (running and
+# checking them), "updating" (log-probabilities, loss, backward, optimizer), and "saving".
+Progress = Callable[[str, int, int], None]
+
 
 @dataclass
 class TrainOptions:
@@ -93,7 +98,9 @@ def lora_config(rank: int) -> Any:
     )
 
 
-def grpo_config(options: TrainOptions, trl: Any, *, use_cpu: bool) -> Any:
+def grpo_config(
+    options: TrainOptions, trl: Any, *, use_cpu: bool, own_progress: bool = False
+) -> Any:
     batch = options.questions_per_step * options.group_size
     fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     unknown = sorted(set(options.extra) - fields)
@@ -121,16 +128,53 @@ def grpo_config(options: TrainOptions, trl: Any, *, use_cpu: bool) -> Any:
         use_cpu=use_cpu,
         **precision_fields(use_cpu=use_cpu),
         seed=options.seed,
-        disable_tqdm=False,
+        disable_tqdm=own_progress,
     )
     return trl.GRPOConfig(**{**settings, **options.extra})
 
 
+def phase_callback(transformers: Any, notify: Progress, phase: str) -> Any:
+    """A TrainerCallback that reports ``phase`` as each step begins, and saving."""
+
+    class ReportPhase(transformers.TrainerCallback):  # type: ignore[misc]
+        def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            notify(phase, int(state.global_step), int(state.max_steps))
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            notify(phase, int(state.global_step), int(state.max_steps))
+
+        def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            notify("saving", int(state.global_step), int(state.max_steps))
+
+    return ReportPhase()
+
+
+def _reporting_reward(reward: Callable[..., Any], notify: Progress, total: int) -> Any:
+    """The reward function, reporting "scoring" while it runs and "updating" after it."""
+    done = 0
+
+    async def plan_reward(*args: Any, **kwargs: Any) -> Any:
+        nonlocal done
+        notify("scoring", done, total)
+        try:
+            return await reward(*args, **kwargs)
+        finally:
+            notify("updating", done, total)
+            done += 1
+
+    plan_reward.__name__ = getattr(reward, "__name__", "plan_reward")  # TRL names metrics by it
+    return plan_reward
+
+
 def train(
-    options: TrainOptions, settings: Settings, gateway_for: Callable[[Pool], StepRunner]
+    options: TrainOptions,
+    settings: Settings,
+    gateway_for: Callable[[Pool], StepRunner],
+    progress: Progress | None = None,
 ) -> TrainOutcome:
     """Train, then write the checkpoint, ``metrics.jsonl`` and the curve; blocking.
-    ``gateway_for`` opens the gateway the rollouts run on, over the training pool."""
+    ``gateway_for`` opens the gateway the rollouts run on, over the training pool; ``progress``
+    hears what training is doing (TRL's own progress bar is off when it is given)."""
     if options.recursion_stage and options.max_plan_steps < 2:
         raise ConfigurationError("the recursion stage needs plans of 2 steps or more")
     if options.lora_rank < 0:
@@ -168,7 +212,7 @@ def train(
     )
     gateway = gateway_for(pool)
     use_cpu = not torch.cuda.is_available()
-    args = grpo_config(options, trl, use_cpu=use_cpu)
+    args = grpo_config(options, trl, use_cpu=use_cpu, own_progress=progress is not None)
     policy = (
         PolicyPlanner(model, tokenizer, checkpointing_kwargs=args.gradient_checkpointing_kwargs)
         if options.recursion_stage
@@ -201,21 +245,31 @@ def train(
             out=options.out,
             use_cpu=use_cpu,
             seed=options.seed,
+            callbacks=[phase_callback(transformers, progress, "format warm-up")]
+            if progress
+            else [],
         )
         # Kept so `conductor eval` can tell what GRPO added from what the warm-up taught.
         model.save_pretrained(str(options.out / WARMUP_CHECKPOINT_DIR))
         tokenizer.save_pretrained(str(options.out / WARMUP_CHECKPOINT_DIR))
     curve = options.out / CURVE_FILE
     metrics = MetricsFile(options.out / METRICS_FILE, append=options.resume, curve=curve)
+    reward = rewarder.reward_function()
+    callbacks = [metrics.callback(transformers)]
+    if progress is not None:
+        reward = _reporting_reward(reward, progress, options.steps)
+        callbacks.append(phase_callback(transformers, progress, "generating"))
     trainer = trl.GRPOTrainer(
         model=model,
-        reward_funcs=[rewarder.reward_function()],
+        reward_funcs=[reward],
         args=args,
         train_dataset=datasets.Dataset.from_list(rows),
         processing_class=tokenizer,
-        callbacks=[metrics.callback(transformers)],
+        callbacks=callbacks,
         peft_config=lora_config(options.lora_rank) if options.lora_rank else None,
     )
+    if progress is not None:  # it reports instead of printing every log line
+        trainer.remove_callback(transformers.PrinterCallback)
     try:
         trainer.train(resume_from_checkpoint=True if options.resume else None)
     finally:

@@ -77,8 +77,10 @@ def warm_up(
     out: Path,
     use_cpu: bool,
     seed: int,
+    callbacks: list[Any] | None = None,
 ) -> None:
-    """Supervised steps on the completions only (TRL's SFTTrainer); trains ``model`` in place."""
+    """Supervised steps on the completions only (TRL's SFTTrainer); trains ``model`` in place.
+    ``callbacks``: TrainerCallbacks (progress); with them, TRL's own progress bar is off."""
     import datasets  # type: ignore[import-untyped]
     from trl.trainer.sft_config import SFTConfig
     from trl.trainer.sft_trainer import SFTTrainer
@@ -96,11 +98,17 @@ def warm_up(
         use_cpu=use_cpu,
         **precision_fields(use_cpu=use_cpu),
         seed=seed,
+        disable_tqdm=bool(callbacks),
     )
     trainer = SFTTrainer(
         model=model,
         args=config,
         train_dataset=datasets.Dataset.from_list(examples),
         processing_class=tokenizer,
+        callbacks=callbacks,
     )
+    if callbacks:  # they report progress instead of a log line printed per step
+        from transformers import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)
     trainer.train()
