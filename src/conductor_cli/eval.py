@@ -10,17 +10,10 @@ from typing import Any
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from conductor_adapters.settings import get_settings
+from conductor_cli.progress import progress_bar, stderr_console
 
 
 def eval_command(
@@ -76,15 +69,8 @@ def eval_command(
         held_out=held_out,
         command=shlex.join(["conductor", *sys.argv[1:]]),
     )
-    console = Console(stderr=True, highlight=False)
-    progress = Progress(
-        TextColumn("[bold]eval[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-    )
+    console = stderr_console()
+    progress = progress_bar("eval", console, remaining=True)
     task = progress.add_task("loading", total=None)
     right, done, total = 0, 0, 0
 

@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from conductor.errors import ConfigurationError
+from conductor_cli.progress import progress_bar, stderr_console
 
 router_app = typer.Typer(help="conductor-mini's learned router.", no_args_is_help=True)
 
@@ -60,7 +59,7 @@ def train(
     from conductor_trainer.router import combine_routing_data, routing_data, train_router
     from conductor_trainer.trace_routing import trace_routing_data
 
-    console = Console(stderr=True, highlight=False)
+    console = stderr_console()
     if not results and not traces:
         raise ConfigurationError(
             "nothing to learn from: give `conductor eval` output directories, --traces "
@@ -80,13 +79,7 @@ def train(
         f"router: {len(data.items)} items, workers {', '.join(data.workers)}; "
         f"{int(data.held_out.sum())} held out"
     )
-    progress = Progress(
-        TextColumn("[bold]router[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
+    progress = progress_bar("router", console)
     task = progress.add_task("loading the embeddings", total=None)
 
     def advance(stage: str, done: int, total: int) -> None:

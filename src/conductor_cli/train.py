@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from conductor.errors import ConfigurationError
 from conductor_adapters.settings import get_settings
+from conductor_cli.progress import progress_bar, stderr_console
 
 
 def train_command(
@@ -86,7 +85,7 @@ def train_command(
     (reward 0 unparseable, 0.5 wrong, 1 right). Writes OUT/checkpoint (served by the planner's
     transformers backend), OUT/metrics.jsonl and OUT/training_curve.png."""
     from conductor_cli.wiring import in_process_gateway
-    from conductor_trainer.train import TrainOptions, train
+    from conductor_trainer.train import STEP_DONE, TrainOptions, train
 
     options = TrainOptions(
         suites=[s.strip() for s in suite.split(",") if s.strip()],
@@ -111,21 +110,24 @@ def train_command(
         extra=grpo_fields(grpo),
     )
     settings = get_settings()
-    console = Console(stderr=True, highlight=False)
-    progress = Progress(
-        TextColumn("[bold]train[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
+    console = stderr_console()
+    progress = progress_bar("train", console)
     task = progress.add_task("loading the model and the items", total=None)
+    said = ""
 
     def report(phase: str, done: int, total: int) -> None:
-        what = (
-            f"saving step {done}" if phase == "saving" else f"step {min(done + 1, total)}: {phase}"
-        )
+        nonlocal said
+        if phase == "saving":
+            what = f"saving step {done}"
+        elif phase == STEP_DONE:
+            what = f"step {done} done"
+        else:
+            what = f"step {min(done + 1, total)}: {phase}"
         progress.update(task, description=what, completed=done, total=total)
+        # Without a terminal the bar is not drawn: a line per change of what it is doing.
+        if not console.is_terminal and what != said:
+            console.print(f"train: {what} ({done}/{total} steps done)")
+        said = what
 
     with progress:
         outcome = train(

@@ -33,8 +33,10 @@ TRAIN_INSTALL_HINT = "pip install 'conductor-orchestrator[transformers,eval,trai
 
 # What training is doing, and how far it is: (phase, steps done, steps in all). Phases: "format
 # warm-up", then per GRPO step "generating" (sampling the plans), "scoring" (running and
-# checking them), "updating" (log-probabilities, loss, backward, optimizer), and "saving".
+# checking them), "updating" (log-probabilities, loss, backward, optimizer); "step done" as
+# each step ends, and "saving".
 Progress = Callable[[str, int, int], None]
+STEP_DONE = "step done"
 
 
 @dataclass
@@ -141,7 +143,7 @@ def phase_callback(transformers: Any, notify: Progress, phase: str) -> Any:
             notify(phase, int(state.global_step), int(state.max_steps))
 
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            notify(phase, int(state.global_step), int(state.max_steps))
+            notify(STEP_DONE, int(state.global_step), int(state.max_steps))
 
         def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             notify("saving", int(state.global_step), int(state.max_steps))
