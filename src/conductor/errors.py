@@ -29,6 +29,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
     from conductor.workflow import AttemptRecord
 
 
@@ -157,3 +159,14 @@ class StepCallFailed(ConductorError):
     def __init__(self, message: str, attempts: list[AttemptRecord]) -> None:
         super().__init__(message)
         self.attempts = attempts
+
+
+def validation_problems(exc: ValidationError, *, whole: str = "", plain: bool = False) -> str:
+    """A pydantic error as one line, ``field.path: message; ...``. ``whole`` names a problem of
+    no one field (a check of the whole model); ``plain`` drops the "Value error, " pydantic puts
+    before the messages of this project's own validators."""
+    problems = []
+    for error in exc.errors():
+        message = error["msg"].removeprefix("Value error, ") if plain else error["msg"]
+        problems.append(f"{'.'.join(str(part) for part in error['loc']) or whole}: {message}")
+    return "; ".join(problems)

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from conductor.chat import Usage
-from conductor.errors import ConfigurationError
+from conductor.errors import ConfigurationError, validation_problems
 from conductor.yaml_files import load_yaml_file
 
 LOCAL_WORKER_NAME = "smollm2-local"
@@ -315,7 +315,9 @@ def parse_pool(data: Any, source: str = "pool file") -> Pool:
             workers.append(WorkerSpec.model_validate(item))
         except ValidationError as exc:
             name = item.get("name", "?") if isinstance(item, dict) else "?"
-            raise ConfigurationError(f"{source}: worker {name!r}: {_describe(exc)}") from exc
+            raise ConfigurationError(
+                f"{source}: worker {name!r}: {validation_problems(exc, whole='value')}"
+            ) from exc
     names = [w.name for w in workers]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -325,14 +327,8 @@ def parse_pool(data: Any, source: str = "pool file") -> Pool:
     try:
         return Pool(workers=tuple(workers))
     except ValidationError as exc:
-        raise ConfigurationError(f"{source}: {_describe(exc)}") from exc
+        raise ConfigurationError(f"{source}: {validation_problems(exc, whole='value')}") from exc
 
 
 def load_pool_file(path: Path) -> Pool:
     return parse_pool(load_yaml_file(path, "pool file"), source=str(path))
-
-
-def _describe(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or 'value'}: {err['msg']}" for err in exc.errors()
-    )

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from conductor.errors import ConfigurationError, InvalidRequest
+from conductor.errors import ConfigurationError, InvalidRequest, validation_problems
 from conductor.yaml_files import load_yaml_file
 
 MAX_STEPS_LIMIT = 5  # the protocol's bound on steps per plan
@@ -73,9 +73,7 @@ def load_variants_file(path: Path) -> dict[str, Variant]:
         try:
             variants[str(name)] = Variant(name=str(name), **fields)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-            )
+            problems = validation_problems(exc)
             raise ConfigurationError(f"variants file {path}: {name}: {problems}") from None
     return variants
 

@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from conductor.errors import ConfigurationError
+from conductor.errors import ConfigurationError, validation_problems
 from conductor_adapters.embedding import EMBEDDER_NAME, ROUTER_INSTALL, QuestionEmbedder
 from conductor_adapters.packed_array import PackedArray
 from conductor_adapters.question_features import QUESTION_FEATURES, question_features
@@ -318,11 +318,7 @@ def load_router_model(path: Path) -> RouterModel:
     try:
         return RouterModel.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'file'}: "
-            f"{e['msg'].removeprefix('Value error, ')}"
-            for e in exc.errors()
-        )
+        problems = validation_problems(exc, whole="file", plain=True)
         raise ConfigurationError(f"router file {path}: {problems}") from exc
 
 

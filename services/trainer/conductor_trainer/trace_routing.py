@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from conductor.errors import ConfigurationError
+from conductor.errors import ConfigurationError, validation_problems
 from conductor_evaluation import AnswerKind, EvalItem, verify
 from conductor_trainer.export import suite_row
 from conductor_trainer.router import RoutingData
@@ -156,11 +156,7 @@ def _row(raw: Any, where: str) -> TraceRow:
     try:
         return TraceRow.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
-            for error in exc.errors()
-        )
-        raise ConfigurationError(f"{where}: {problems}") from None
+        raise ConfigurationError(f"{where}: {validation_problems(exc)}") from None
 
 
 def _observation(row: TraceRow, where: str) -> tuple[_Observation | None, str]:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from conductor.chat import Usage
-from conductor.errors import InvalidRequest
+from conductor.errors import InvalidRequest, validation_problems
 from conductor.ports import PlanRequest, PriorRound
 from conductor.workflow import ALL, AccessEntry, Plan, PlanOutcome, PlanStep, PoolEntry
 from conductor_adapters.rpc.v1 import common_pb2, planner_pb2
@@ -194,7 +194,4 @@ def _build(model: type[ModelT], **fields: Any) -> ModelT:
     try:
         return model(**fields)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
-        )
-        raise InvalidRequest(f"invalid {model.__name__}: {problems}") from None
+        raise InvalidRequest(f"invalid {model.__name__}: {validation_problems(exc)}") from None
