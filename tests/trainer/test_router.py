@@ -388,6 +388,27 @@ def _routing_data(count: int) -> RoutingData:
     return RoutingData(items, ["exact", "rough", "cheap"], right, cost)
 
 
+def _judged_items(data: RoutingData) -> list[tuple[int, EvalItem]]:
+    """The held-out items every worker ran: those the report judges routers on."""
+    return [
+        (i, item)
+        for i, item in enumerate(data.items)
+        if is_held_out(item) and not np.isnan(data.right[i]).any()
+    ]
+
+
+def _right_answers(
+    router: Router, data: RoutingData, held: list[tuple[int, EvalItem]], weight: float
+) -> float:
+    """The right answers ``router`` gets on ``held``, choosing one question at a time."""
+    right = 0.0
+    for i, item in held:
+        decision = router.choose(item.question, cost_weight=weight)
+        assert decision is not None
+        right += data.right[i, data.workers.index(decision.worker)]
+    return right
+
+
 def test_the_report_judges_each_baseline_through_the_router_file_that_serves_it(
     tmp_path: Path,
 ) -> None:
@@ -398,11 +419,7 @@ def test_the_report_judges_each_baseline_through_the_router_file_that_serves_it(
     models, report = train_router(data, HashEmbedder())  # type: ignore[arg-type]
 
     assert [c["name"] for c in report["curves"]] == ["router", "knn", "cluster"]
-    held = [
-        (i, item)
-        for i, item in enumerate(data.items)
-        if is_held_out(item) and not np.isnan(data.right[i]).any()
-    ]
+    held = _judged_items(data)
     assert len(held) == report["held_out_items"] > 10
     for curve in report["curves"]:
         path = tmp_path / f"{curve['name']}.json"
@@ -410,11 +427,7 @@ def test_the_report_judges_each_baseline_through_the_router_file_that_serves_it(
         router = Router.load(path, HashEmbedder())  # type: ignore[arg-type]
         assert router.model.head == {"router": "logistic"}.get(curve["name"], curve["name"])
         for point in curve["points"]:
-            right = 0.0
-            for i, item in held:
-                decision = router.choose(item.question, cost_weight=point["cost_weight"])
-                assert decision is not None
-                right += data.right[i, data.workers.index(decision.worker)]
+            right = _right_answers(router, data, held, point["cost_weight"])
             assert right == pytest.approx(point["correct"])
     knn = models["knn"]
     assert knn.points is not None
@@ -470,23 +483,14 @@ def test_router_train_learns_from_an_evaluation_and_serves_what_it_measured(
     assert router.model.cost_weight == 0.02
     assert set(router.names) == {"sim-frontier", "sim-math", "sim-coder", "sim-small"}
 
-    from conductor_evaluation import is_held_out
     from conductor_trainer.router import routing_data
 
     data = routing_data([evaluated])
-    held = [
-        (i, item)
-        for i, item in enumerate(data.items)
-        if is_held_out(item) and not np.isnan(data.right[i]).any()
-    ]
+    held = _judged_items(data)
     assert len(held) == report["held_out_items"]
     curve = next(c for c in report["curves"] if c["name"] == "router")
     for point in curve["points"][::6]:
-        right = 0.0
-        for i, item in held:
-            decision = router.choose(item.question, cost_weight=point["cost_weight"])
-            assert decision is not None
-            right += data.right[i, data.workers.index(decision.worker)]
+        right = _right_answers(router, data, held, point["cost_weight"])
         assert right == pytest.approx(point["correct"])
     refused = run_conductor("router", "train", str(tmp_path / "nothing"))
     assert refused.returncode == 2
