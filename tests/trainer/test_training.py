@@ -407,15 +407,39 @@ def test_grpo_fields_pass_through_and_unknown_ones_are_refused() -> None:
 
 
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
-def test_training_on_the_cpu_runs_in_float32(tmp_path: Path) -> None:
-    # TRL defaults to bf16, which on a CPU without bf16 units runs matmuls ~50x slower.
+@pytest.mark.parametrize(
+    ("choice", "speedup", "bf16"),
+    [("auto", 4.4, True), ("auto", 0.02, False), ("fp32", 4.4, False), ("bf16", 0.02, True)],
+)
+def test_cpu_training_takes_bf16_only_where_it_is_faster(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, choice: str, speedup: float, bf16: bool
+) -> None:
+    # TRL defaults to bf16, which on a CPU without bf16 units runs matmuls ~50x slower, and
+    # with them (AMX) ~4x faster than float32: "auto" follows the CPU's measured speed.
     import trl
 
+    from conductor_trainer import precision
     from conductor_trainer.train import TrainOptions, grpo_config
 
-    config = grpo_config(TrainOptions(suites=["gsm8k"], out=tmp_path), trl, use_cpu=True)
-    assert config.bf16 is False
+    monkeypatch.setattr(precision, "cpu_bf16_speedup", lambda: speedup)
+    options = TrainOptions(suites=["gsm8k"], out=tmp_path, precision=choice)  # type: ignore[arg-type]
+    config = grpo_config(options, trl, use_cpu=True)
+    assert config.bf16 is bf16
     assert config.fp16 is False
+
+
+def test_an_unknown_precision_is_refused() -> None:
+    from conductor.errors import ConfigurationError
+    from conductor_trainer.precision import uses_bf16
+
+    with pytest.raises(ConfigurationError, match="auto, bf16, fp32"):
+        uses_bf16("fp8", use_cpu=True)  # type: ignore[arg-type]
+
+
+def test_the_cpu_bf16_speed_is_measured_as_a_ratio_to_float32() -> None:
+    from conductor_trainer.precision import cpu_bf16_speedup
+
+    assert cpu_bf16_speedup(size=64, repeats=1) > 0
 
 
 def test_format_warmup_targets_are_valid_plans_for_the_pool_shown() -> None:

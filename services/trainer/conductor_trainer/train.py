@@ -23,7 +23,7 @@ from conductor.ports import StepRunner
 from conductor.variants import MAX_STEPS_LIMIT
 from conductor_adapters.settings import Settings
 from conductor_evaluation import EvalItem, resolve_pool, split_items
-from conductor_trainer.precision import precision_fields
+from conductor_trainer.precision import PrecisionChoice, precision_fields
 
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoint"
@@ -67,6 +67,8 @@ class TrainOptions:
     # LoRA adapters of this rank on every linear layer instead of training all weights (0: off);
     # the saved checkpoint has them merged in, so it serves as one model.
     lora_rank: int = 0
+    # bf16 autocast or float32; "auto": bf16 on a GPU, and on a CPU where it measures faster.
+    precision: PrecisionChoice = "auto"
     extra: dict[str, Any] = field(default_factory=dict)  # more GRPOConfig fields, as given
 
 
@@ -128,7 +130,7 @@ def grpo_config(
         save_total_limit=1,
         report_to="none",
         use_cpu=use_cpu,
-        **precision_fields(use_cpu=use_cpu),
+        **precision_fields(use_cpu=use_cpu, choice=options.precision),
         seed=options.seed,
         disable_tqdm=own_progress,
     )
@@ -192,6 +194,7 @@ def train(
     import torch
 
     from conductor_planner import load_pretrained, resolve_model
+    from conductor_trainer.grpo_trainer import grpo_trainer_class
     from conductor_trainer.metrics import MetricsFile, plot_training_curve
     from conductor_trainer.rollout import PlanRewarder, PolicyPlanner, RecursionStage
     from conductor_trainer.training_data import prompt_rows
@@ -246,6 +249,7 @@ def train(
             learning_rate=options.format_warmup_lr,
             out=options.out,
             use_cpu=use_cpu,
+            precision=options.precision,
             seed=options.seed,
             callbacks=[phase_callback(transformers, progress, "format warm-up")]
             if progress
@@ -261,7 +265,7 @@ def train(
     if progress is not None:
         reward = _reporting_reward(reward, progress, options.steps)
         callbacks.append(phase_callback(transformers, progress, "generating"))
-    trainer = trl.GRPOTrainer(
+    trainer = grpo_trainer_class(trl)(
         model=model,
         reward_funcs=[reward],
         args=args,

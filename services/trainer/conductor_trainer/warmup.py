@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from conductor.workflow import ALL, AccessEntry, Plan, PlanStep
-from conductor_trainer.precision import precision_fields
+from conductor_trainer.precision import PrecisionChoice, precision_fields
 
 # Short subtasks: the targets must fit well inside the completion budget, or the model learns
 # to start plans it cannot finish within max tokens (a cut plan does not parse).
@@ -77,6 +77,7 @@ def warm_up(
     out: Path,
     use_cpu: bool,
     seed: int,
+    precision: PrecisionChoice = "auto",
     callbacks: list[Any] | None = None,
 ) -> None:
     """Supervised steps on the completions only (TRL's SFTTrainer); trains ``model`` in place.
@@ -96,7 +97,7 @@ def warm_up(
         save_strategy="no",
         report_to="none",
         use_cpu=use_cpu,
-        **precision_fields(use_cpu=use_cpu),
+        **precision_fields(use_cpu=use_cpu, choice=precision),
         seed=seed,
         disable_tqdm=bool(callbacks),
     )

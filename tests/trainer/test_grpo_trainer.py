@@ -1,0 +1,118 @@
+"""The GRPO trainer that leaves zero-advantage samples out of the loss: same loss, same gradient."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conductor_trainer.grpo_trainer import select_samples
+
+
+def batch_inputs(advantages: list[float], completion_lengths: list[int]) -> dict[str, Any]:
+    """What TRL hands ``_compute_loss``: left-padded prompts, right-padded completions."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    size, width = len(advantages), max(completion_lengths) + 3  # 3 columns of padding for all
+    completion_mask = torch.zeros(size, width, dtype=torch.long)
+    for row, length in enumerate(completion_lengths):
+        completion_mask[row, :length] = 1
+    prompt_mask = torch.ones(size, 6, dtype=torch.long)
+    prompt_mask[0, :2] = 0  # a shorter prompt
+    return {
+        "prompt_ids": torch.randint(3, 250, (size, 6), generator=generator),
+        "prompt_mask": prompt_mask,
+        "completion_ids": torch.randint(3, 250, (size, width), generator=generator),
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor(advantages),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+
+
+def test_selected_samples_keep_their_rows_and_lose_unused_completion_columns() -> None:
+    import torch
+
+    inputs = batch_inputs([0.0, 1.0, 0.0, -1.0], [9, 4, 2, 5])
+    kept = select_samples(inputs, torch.tensor([1, 3]))
+    assert kept["advantages"].tolist() == [1.0, -1.0]
+    assert kept["prompt_ids"].tolist() == inputs["prompt_ids"][[1, 3]].tolist()
+    assert kept["completion_ids"].shape == (2, 5)  # the longest kept completion
+    assert kept["completion_mask"].sum(dim=1).tolist() == [4, 5]
+    assert kept["num_items_in_batch"] is inputs["num_items_in_batch"]  # not per sample
+
+
+@pytest.fixture(scope="module")
+def trainers(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    """TRL's trainer and ours, over the same tiny model, float32 (exact comparisons)."""
+    import datasets  # type: ignore[import-untyped]
+    import trl
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conductor_trainer.grpo_trainer import grpo_trainer_class
+    from conductor_trainer.train import TrainOptions, grpo_config
+
+    from fakes.tiny_model import write_tiny_model
+
+    directory = write_tiny_model(tmp_path_factory.mktemp("tiny"))
+    out = tmp_path_factory.mktemp("out")
+    args = grpo_config(
+        TrainOptions(suites=["gsm8k"], out=out, questions_per_step=2, precision="fp32"),
+        trl,
+        use_cpu=True,
+    )
+    made = []
+    for trainer_class in (trl.GRPOTrainer, grpo_trainer_class(trl)):
+        made.append(
+            trainer_class(
+                model=AutoModelForCausalLM.from_pretrained(str(directory)),
+                reward_funcs=[lambda completions, **_: [0.0] * len(completions)],
+                args=args,
+                train_dataset=datasets.Dataset.from_list([{"prompt": "p"}] * 8),
+                processing_class=AutoTokenizer.from_pretrained(str(directory)),
+            )
+        )
+    for trainer in made:
+        trainer.current_gradient_accumulation_steps = 1  # set by train(), which is not run
+    return made[0], made[1]
+
+
+def loss_and_gradient(trainer: Any, inputs: dict[str, Any]) -> tuple[float, Any]:
+    import torch
+
+    trainer.model.train()
+    trainer.model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    gradient = torch.cat(
+        [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+            for p in trainer.model.parameters()
+        ]
+    )
+    return float(loss.detach()), gradient
+
+
+@pytest.mark.training
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
+@pytest.mark.parametrize(
+    "advantages",
+    [[0.0, 1.2, 0.0, -0.7, 0.0, 0.0, 0.4, -0.9], [0.0] * 8, [0.5, -0.5] * 4],
+    ids=["some-zero", "all-zero", "none-zero"],
+)
+def test_leaving_zero_advantage_samples_out_changes_neither_loss_nor_gradient(
+    trainers: tuple[Any, Any], advantages: list[float]
+) -> None:
+    import torch
+
+    trl_trainer, ours = trainers
+    ours.model.load_state_dict(trl_trainer.model.state_dict())
+    inputs = batch_inputs(advantages, [9, 4, 2, 5, 7, 1, 3, 8])
+    expected_loss, expected_gradient = loss_and_gradient(trl_trainer, inputs)
+    loss, gradient = loss_and_gradient(ours, inputs)
+    assert loss == pytest.approx(expected_loss, abs=1e-7)
+    assert torch.allclose(gradient, expected_gradient, atol=1e-7, rtol=1e-5)
+    if any(advantages):
+        assert gradient.abs().sum() > 0  # the comparison is not of two zeros
+    skipped = ours._metrics["train"]["samples_skipped"][-1]
+    assert skipped == pytest.approx(advantages.count(0.0) / len(advantages))
