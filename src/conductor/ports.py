@@ -92,6 +92,9 @@ class PlannerBackend(Protocol):
 
     name: str
     plan_format: PlanFormat
+    # Whether the prompt carries the few-shot examples: a model trained without them is
+    # served without them.
+    prompt_examples: bool
 
     async def generate(
         self,

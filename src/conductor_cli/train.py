@@ -75,6 +75,13 @@ def train_command(
         help="Train LoRA adapters of this rank on every linear layer instead of all weights "
         "(0: off); the checkpoint has them merged in and serves as one model.",
     ),
+    prompt_examples: bool | None = typer.Option(
+        None,
+        "--prompt-examples/--no-prompt-examples",
+        help="Train on prompts with (or without) the few-shot examples; the checkpoint records "
+        "it and is served the same way. Default: as the base model was trained, and without "
+        "them for a model Conductor training never saw.",
+    ),
     precision: str = typer.Option(
         "auto",
         "--precision",
@@ -110,6 +117,7 @@ def train_command(
         seed=seed,
         lora_rank=lora_rank,
         precision=precision_choice(precision),
+        prompt_examples=prompt_examples,
         format_warmup_steps=format_warmup,
         save_every=save_every,
         resume=resume,

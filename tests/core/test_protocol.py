@@ -66,6 +66,20 @@ def test_prompt_for_one_step_variant_only_shows_one_step_examples() -> None:
             assert example.plan.as_lists_text() not in system.content
 
 
+@pytest.mark.parametrize("fmt", list(PlanFormat))
+def test_a_prompt_without_examples_keeps_the_task_output_form_pool_and_question(
+    fmt: PlanFormat,
+) -> None:
+    request = PlanRequest(question="What is 6 * 7?", pool=POOL, max_steps=5)
+    with_examples = render_prompt(request, fmt)
+    system, user = render_prompt(request, fmt, examples=False)
+    assert "Example" not in system.content
+    assert "sample team" not in system.content
+    assert system.content in with_examples[0].content  # the same text, less the examples
+    assert len(system.content) < len(with_examples[0].content) / 2
+    assert user == with_examples[1]
+
+
 def test_examples_are_valid_plans_in_both_formats() -> None:
     for example in EXAMPLES:
         for plan in (example.plan, example.routing_plan):

@@ -89,6 +89,7 @@ class TwoStepBackend:
 
     plan_format = PlanFormat.LISTS
     name = "two-step"
+    prompt_examples = True
 
     async def generate(
         self,

@@ -58,6 +58,11 @@ class SwitchableBackend:
         assert self.current is not None, "no planner backend set for this test"
         return self.current.plan_format
 
+    @property
+    def prompt_examples(self) -> bool:
+        assert self.current is not None, "no planner backend set for this test"
+        return self.current.prompt_examples
+
     async def generate(
         self,
         messages: Sequence[ChatMessage],

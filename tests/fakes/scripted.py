@@ -115,6 +115,7 @@ class ScriptedBackend:
     outputs: list[str]
     plan_format: PlanFormat = PlanFormat.LISTS
     name: str = "scripted"
+    prompt_examples: bool = True
     requests: list[dict[str, Any]] = field(default_factory=list)
 
     async def generate(

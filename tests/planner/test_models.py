@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from conductor_planner.models import COMPLETE_MARKER, _write_cache
+from conductor.errors import ConfigurationError
+from conductor_planner.models import (
+    COMPLETE_MARKER,
+    PROMPT_FORM_FILE,
+    ModelSource,
+    _write_cache,
+    prompt_examples_of,
+    write_prompt_form,
+)
 
 
 class Saves:
@@ -62,3 +70,27 @@ def test_losing_the_race_to_another_process_is_fine(tmp_path: Path) -> None:
     assert _write_cache(cached, Saves("tokenizer.json"), Saves("model.safetensors"))
     assert (cached / "model.safetensors").read_text() == "theirs"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model-abc"]
+
+
+@pytest.mark.parametrize("examples", [True, False])
+def test_a_checkpoint_is_served_with_the_prompt_form_it_was_trained_on(
+    tmp_path: Path, examples: bool
+) -> None:
+    write_prompt_form(tmp_path, examples=examples)
+    for default in (True, False):
+        assert prompt_examples_of(ModelSource(str(tmp_path)), default=default) is examples
+
+
+def test_a_model_no_training_wrote_gets_the_default_prompt_form(tmp_path: Path) -> None:
+    (tmp_path / PROMPT_FORM_FILE).write_text('{"few_shot_examples": false}')
+    gguf = ModelSource(str(tmp_path), "model.gguf")  # a GGUF file is never a trained checkpoint
+    assert prompt_examples_of(gguf) is True
+    assert prompt_examples_of(ModelSource(str(tmp_path / "elsewhere")), default=False) is False
+    assert prompt_examples_of(ModelSource("org/name")) is True
+
+
+@pytest.mark.parametrize("text", ["{", '{"examples": false}', '{"few_shot_examples": "no"}'])
+def test_a_broken_prompt_form_file_is_a_clear_error(tmp_path: Path, text: str) -> None:
+    (tmp_path / PROMPT_FORM_FILE).write_text(text)
+    with pytest.raises(ConfigurationError, match=PROMPT_FORM_FILE):
+        prompt_examples_of(ModelSource(str(tmp_path)))

@@ -254,6 +254,20 @@ def test_the_prompt_is_the_chat_template_with_the_generation_prompt(
     assert "Hello" in text
 
 
+@pytest.mark.parametrize("examples", [True, False])
+async def test_the_planner_sends_the_prompt_form_its_backend_was_trained_on(
+    examples: bool,
+) -> None:
+    from fakes.scripted import ScriptedBackend, lists
+
+    backend = ScriptedBackend([lists([0], ["Solve it."], [[]])], prompt_examples=examples)
+    request = PlanRequest(question="q", pool=[PoolEntry(name="a", description="any")], max_steps=5)
+    outcome = await ConductorPlanner(backend).plan(request)
+    assert outcome.valid
+    system = backend.requests[0]["messages"][0].content
+    assert ("Example 1" in system) is examples
+
+
 # -- transformers: micro-batching ------------------------------------------------------------
 
 

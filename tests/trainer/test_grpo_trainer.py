@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -116,3 +117,55 @@ def test_leaving_zero_advantage_samples_out_changes_neither_loss_nor_gradient(
         assert gradient.abs().sum() > 0  # the comparison is not of two zeros
     skipped = ours._metrics["train"]["samples_skipped"][-1]
     assert skipped == pytest.approx(advantages.count(0.0) / len(advantages))
+
+
+def test_the_shared_prefix_leaves_each_prompt_a_token_of_its_own() -> None:
+    from conductor_trainer.grpo_trainer import shared_prefix_length
+
+    assert shared_prefix_length([[1, 2, 3, 4], [1, 2, 3, 5, 6], [1, 2, 9]]) == 2
+    assert shared_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2  # identical prompts
+    assert shared_prefix_length([[7, 1], [8, 1]]) == 0
+
+
+@pytest.mark.training
+def test_sampling_with_the_prefix_computed_once_gives_what_plain_sampling_gives(
+    tmp_path: Path,
+) -> None:
+    """Greedy, so both must pick the same tokens: the same prompts as TRL would pad them whole
+    (left padding) and with the shared prefix cached once; prompts of different lengths."""
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from conductor_trainer.grpo_trainer import generate_with_shared_prefix, shared_prefix_length
+
+    from fakes.tiny_model import write_tiny_model
+
+    directory = write_tiny_model(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(str(directory)).eval()
+    generator = torch.Generator().manual_seed(1)
+    prefix = torch.randint(3, 250, (40,), generator=generator).tolist()
+    prompts = [
+        prefix + torch.randint(3, 250, (length,), generator=generator).tolist()
+        for length in (5, 1, 9, 5)
+    ]
+    config = GenerationConfig(
+        max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=[2], bos_token_id=1
+    )
+    width = max(len(p) for p in prompts)
+    padded = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        plain = model.generate(input_ids=padded, attention_mask=mask, generation_config=config)
+        shared = generate_with_shared_prefix(
+            model,
+            prompts,
+            shared_prefix_length(prompts),
+            generation_config=config,
+            pad_token_id=0,
+            eos_token_ids=[2],
+        )
+    expected = []
+    for row in plain[:, width:].tolist():
+        expected.append(row[: row.index(2) + 1] if 2 in row else row)
+    assert shared == expected
+    assert all(len(row) > 0 for row in shared)

@@ -305,8 +305,9 @@ def tiny_training_run(
     )
 
 
-def assert_served(checkpoint: Path) -> None:
-    """The planner's transformers backend loads the checkpoint and plans with it."""
+def assert_served(checkpoint: Path, *, prompt_examples: bool | None = None) -> None:
+    """The planner's transformers backend loads the checkpoint and plans with it (with the
+    prompt form it was trained on, when ``prompt_examples`` says which)."""
     from conductor_planner.backends.transformers import load_transformers_backend
 
     assert (checkpoint / "config.json").exists()
@@ -314,6 +315,8 @@ def assert_served(checkpoint: Path) -> None:
 
     async def plan() -> PlanOutcome:
         backend = load_transformers_backend(str(checkpoint), device="cpu")
+        if prompt_examples is not None:
+            assert backend.prompt_examples is prompt_examples
         try:
             return await ConductorPlanner(backend).plan(
                 PlanRequest(
@@ -346,7 +349,7 @@ def test_a_short_training_run_writes_a_checkpoint_the_planner_serves(
     assert [r["step"] for r in rows] == [1]
     assert all({"reward", "format_valid", "steps_per_plan"} <= set(r) for r in rows)
     assert (out / "training_curve.png").read_bytes()[:4] == b"\x89PNG"
-    assert_served(out / "checkpoint")
+    assert_served(out / "checkpoint", prompt_examples=False)
     # Interrupted runs carry on from their last checkpoint: one more step, not three.
     assert [p.name for p in (out / "trainer").glob("checkpoint-*")] == ["checkpoint-1"]
     resumed = tiny_training_run(out, steps=2, resume=True, base_model=tiny_model)

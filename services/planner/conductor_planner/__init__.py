@@ -6,7 +6,13 @@ as the planner serves a checkpoint). The backends and the gRPC server are this p
 """
 
 from conductor_planner.backends.transformers import TransformersPlannerBackend
-from conductor_planner.models import ModelSource, load_pretrained, resolve_model
+from conductor_planner.models import (
+    ModelSource,
+    load_pretrained,
+    prompt_examples_of,
+    resolve_model,
+    write_prompt_form,
+)
 from conductor_planner.planner import ConductorPlanner, load_router
 
 __all__ = [
@@ -15,5 +21,7 @@ __all__ = [
     "TransformersPlannerBackend",
     "load_pretrained",
     "load_router",
+    "prompt_examples_of",
     "resolve_model",
+    "write_prompt_form",
 ]

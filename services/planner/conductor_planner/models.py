@@ -12,6 +12,7 @@ written (a read-only filesystem), the model is used as loaded and a warning says
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from conductor.errors import ModelNotFoundError
+from conductor.errors import ConfigurationError, ModelNotFoundError
 from conductor.pool import BUILTIN_SMOLLM2
 from conductor_adapters.settings import default_cache_dir, file_cache_key
 
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 
 # Written last into a cached checkpoint: a directory without it is an interrupted write.
 COMPLETE_MARKER = "conductor-complete"
+# Written by training into its checkpoints: the form of the prompts the model was trained on,
+# so that it is served the same way (a model trained without the few-shot examples plans worse
+# with them, and every prompt token costs time).
+PROMPT_FORM_FILE = "conductor_prompt.json"
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,31 @@ def resolve_model(model: str | None) -> ModelSource:
     if path.suffix == ".gguf" or path.is_absolute() or model.startswith((".", "~")):
         raise ModelNotFoundError(f"planner model not found: {path}")
     return ModelSource(model)  # a hub id, e.g. "org/name"
+
+
+def prompt_examples_of(source: ModelSource, *, default: bool = True) -> bool:
+    """Whether ``source``'s prompts carry the few-shot examples: as its training wrote in
+    its checkpoint, else ``default`` (a model no Conductor training wrote)."""
+    path = Path(source.path) / PROMPT_FORM_FILE
+    if source.gguf_file or not path.is_file():
+        return default
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))["few_shot_examples"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigurationError(
+            f'{path}: not a prompt form ({exc!r}); it should read {{"few_shot_examples": '
+            "true}} or false"
+        ) from exc
+    if not isinstance(value, bool):
+        raise ConfigurationError(f"{path}: few_shot_examples must be true or false, not {value!r}")
+    return value
+
+
+def write_prompt_form(directory: Path, *, examples: bool) -> None:
+    """Records in a checkpoint directory whether its model was trained with the examples."""
+    (directory / PROMPT_FORM_FILE).write_text(
+        json.dumps({"few_shot_examples": examples}) + "\n", encoding="utf-8"
+    )
 
 
 def load_pretrained(source: ModelSource, *, dtype: Any) -> tuple[Any, Any]:

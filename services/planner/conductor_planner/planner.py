@@ -114,7 +114,7 @@ class ConductorPlanner:
             )
         started = time.perf_counter()
         completion = await self.backend.generate(
-            render_prompt(request, fmt),
+            render_prompt(request, fmt, examples=self.backend.prompt_examples),
             json_schema=schema,
             max_tokens=request.max_tokens,
             temperature=request.temperature,

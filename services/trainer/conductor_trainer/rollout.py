@@ -75,9 +75,15 @@ class PolicyPlanner:
     trains the sampled first-round plan only)."""
 
     def __init__(
-        self, model: Any, tokenizer: Any, *, checkpointing_kwargs: dict[str, Any] | None = None
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        checkpointing_kwargs: dict[str, Any] | None = None,
+        prompt_examples: bool = True,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.prompt_examples = prompt_examples
         self.checkpointing_kwargs = checkpointing_kwargs
         self._planner: ConductorPlanner | None = None
 
@@ -89,7 +95,10 @@ class PolicyPlanner:
             # the base model's (every generate call here passes its config explicitly).
             saved = self.model.generation_config
             backend = TransformersPlannerBackend(
-                self.model, self.tokenizer, model_name="the policy being trained"
+                self.model,
+                self.tokenizer,
+                model_name="the policy being trained",
+                prompt_examples=self.prompt_examples,
             )
             self.model.generation_config = saved
             self._planner = ConductorPlanner(backend)

@@ -29,6 +29,10 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoint"
 WARMUP_CHECKPOINT_DIR = "warmup-checkpoint"  # the model after the format warm-up, before GRPO
 CURVE_FILE = "training_curve.png"
+# The prompt form for a base model that Conductor training never saw. Without the few-shot
+# examples the prompt is 428 tokens instead of 982 (SmolLM2's tokenizer), and after the format
+# warm-up the model writes valid plans as often as with them (benchmarks/prompt_examples.py).
+DEFAULT_PROMPT_EXAMPLES = False
 TRAIN_INSTALL_HINT = "pip install 'conductor-orchestrator[transformers,eval,train]'"
 
 # What training is doing, and how far it is: (phase, steps done, steps in all). Phases: "format
@@ -69,6 +73,10 @@ class TrainOptions:
     lora_rank: int = 0
     # bf16 autocast or float32; "auto": bf16 on a GPU, and on a CPU where it measures faster.
     precision: PrecisionChoice = "auto"
+    # Whether the prompts carry the few-shot examples. None: as the base model was trained (the
+    # form its checkpoint records), and for a model no Conductor training wrote, the default
+    # below. The checkpoint records the form, and the planner serves it the same way.
+    prompt_examples: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more GRPOConfig fields, as given
 
 
@@ -193,7 +201,12 @@ def train(
     datasets, transformers, trl = _import_training()
     import torch
 
-    from conductor_planner import load_pretrained, resolve_model
+    from conductor_planner import (
+        load_pretrained,
+        prompt_examples_of,
+        resolve_model,
+        write_prompt_form,
+    )
     from conductor_trainer.grpo_trainer import grpo_trainer_class
     from conductor_trainer.metrics import MetricsFile, plot_training_curve
     from conductor_trainer.rollout import PlanRewarder, PolicyPlanner, RecursionStage
@@ -205,7 +218,13 @@ def train(
     )
     if not train_items:
         raise ConfigurationError("no training items: check --suite and --items")
-    tokenizer, model = load_pretrained(resolve_model(options.base_model), dtype=torch.float32)
+    source = resolve_model(options.base_model)
+    examples = (
+        options.prompt_examples
+        if options.prompt_examples is not None
+        else prompt_examples_of(source, default=DEFAULT_PROMPT_EXAMPLES)
+    )
+    tokenizer, model = load_pretrained(source, dtype=torch.float32)
     rows = prompt_rows(
         train_items,
         pool,
@@ -214,12 +233,18 @@ def train(
         randomized_pools=options.randomized_pools,
         seed=options.seed,
         offer_conductor=options.recursion_stage,
+        examples=examples,
     )
     gateway = gateway_for(pool)
     use_cpu = not torch.cuda.is_available()
     args = grpo_config(options, trl, use_cpu=use_cpu, own_progress=progress is not None)
     policy = (
-        PolicyPlanner(model, tokenizer, checkpointing_kwargs=args.gradient_checkpointing_kwargs)
+        PolicyPlanner(
+            model,
+            tokenizer,
+            checkpointing_kwargs=args.gradient_checkpointing_kwargs,
+            prompt_examples=examples,
+        )
         if options.recursion_stage
         else None
     )
@@ -258,6 +283,7 @@ def train(
         # Kept so `conductor eval` can tell what GRPO added from what the warm-up taught.
         model.save_pretrained(str(options.out / WARMUP_CHECKPOINT_DIR))
         tokenizer.save_pretrained(str(options.out / WARMUP_CHECKPOINT_DIR))
+        write_prompt_form(options.out / WARMUP_CHECKPOINT_DIR, examples=examples)
     curve = options.out / CURVE_FILE
     metrics = MetricsFile(options.out / METRICS_FILE, append=options.resume, curve=curve)
     reward = rewarder.reward_function()
@@ -288,9 +314,11 @@ def train(
     else:
         trainer.save_model(str(checkpoint))
     tokenizer.save_pretrained(str(checkpoint))
+    write_prompt_form(checkpoint, examples=examples)
+    recorded = vars(options) | {"prompt_examples": examples}
     (options.out / "train_options.json").write_text(
         json.dumps(
-            {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(options).items()},
+            {k: (str(v) if isinstance(v, Path) else v) for k, v in recorded.items()},
             indent=2,
         ),
         encoding="utf-8",

@@ -42,10 +42,11 @@ def prompt_rows(
     randomized_pools: bool,
     seed: int,
     offer_conductor: bool = False,
+    examples: bool = True,
 ) -> list[dict[str, Any]]:
     """Dataset rows for GRPOTrainer: the prompt text and what the reward needs to score it.
     ``offer_conductor`` lists the Conductor after the workers, as a variant with recursion
-    rounds does (the recursion stage)."""
+    rounds does (the recursion stage); ``examples``: the prompt carries the few-shot examples."""
     described = {w.name: w.description for w in pool.workers}
     rows = []
     for item in items:
@@ -56,7 +57,9 @@ def prompt_rows(
             pool=[*entries, CONDUCTOR_ENTRY] if offer_conductor else entries,
             max_steps=max_steps,
         )
-        messages = [m.model_dump() for m in render_prompt(request, PlanFormat.LISTS)]
+        messages = [
+            m.model_dump() for m in render_prompt(request, PlanFormat.LISTS, examples=examples)
+        ]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         rows.append({"prompt": text, "item_key": item.key, "pool_names": names})
     return rows

@@ -93,6 +93,9 @@ def warm_up(
         learning_rate=learning_rate,
         lr_scheduler_type="constant",
         completion_only_loss=True,
+        # No truncation: SFT's default (1,024 tokens, keeping the start) would cut the plan,
+        # the only part learnt from, off prompts that carry the few-shot examples.
+        max_length=None,
         logging_steps=1,
         save_strategy="no",
         report_to="none",

@@ -113,19 +113,20 @@ def _clip(text: str) -> str:
     return text[:MAX_ANSWER_CHARS_IN_PROMPT] + " [...]"
 
 
-def render_prompt(request: PlanRequest, fmt: PlanFormat) -> list[ChatMessage]:
+def render_prompt(
+    request: PlanRequest, fmt: PlanFormat, *, examples: bool = True
+) -> list[ChatMessage]:
     """The system message depends only on the workflow's step limit and the output format, so
     it is the same for every round of a workflow and for every workflow of a variant: a model
-    server caches its computation once (the user message comes last, and varies)."""
+    server caches its computation once (the user message comes last, and varies).
+    ``examples``: include the few-shot examples (about two thirds of the prompt's tokens). A
+    model trained on prompts without them is served without them."""
     output = _JSON_OUTPUT if fmt is PlanFormat.JSON else _LISTS_OUTPUT
     workflow_max_steps = request.workflow_max_steps or request.max_steps
-    system = "\n\n".join(
-        (
-            _TASK.format(max_steps=workflow_max_steps),
-            output,
-            _render_examples(workflow_max_steps, fmt),
-        )
-    )
+    parts = [_TASK.format(max_steps=workflow_max_steps), output]
+    if examples:
+        parts.append(_render_examples(workflow_max_steps, fmt))
+    system = "\n\n".join(parts)
     user = [f"Available models:\n{render_pool(request.pool)}", f"Question: {request.question}"]
     if request.prior is not None:
         user.append(_render_prior(request.prior, fmt))

@@ -14,6 +14,7 @@ class LlamaCppPlannerBackend:
     name = "llamacpp"
     # Constrained decoding makes every plan well-formed, whatever the model size.
     plan_format = PlanFormat.JSON
+    prompt_examples = True  # the GGUF models it runs were not trained on our prompt
 
     def __init__(self, engine: LlamaCppEngine) -> None:
         self.engine = engine

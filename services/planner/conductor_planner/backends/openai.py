@@ -38,6 +38,7 @@ class OpenAIPlannerBackend:
         self.model = model
         self.structured = structured
         self.plan_format = PlanFormat.JSON if structured else PlanFormat.LISTS
+        self.prompt_examples = True  # a hosted model was not trained on our prompt
         self._chat = OpenAIChatClient(
             base_url=base_url,
             model=model,

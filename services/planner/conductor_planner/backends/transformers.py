@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from conductor.chat import ChatMessage, Completion, Usage
 from conductor.errors import ConductorError, ConfigurationError, ModelNotFoundError
 from conductor.ports import PlanFormat
-from conductor_planner.models import load_pretrained, resolve_model
+from conductor_planner.models import load_pretrained, prompt_examples_of, resolve_model
 
 if TYPE_CHECKING:
     import torch
@@ -98,7 +98,11 @@ def load_transformers_backend(
         raise ModelNotFoundError(f"cannot load planner model {source.name}: {exc}") from exc
     lm = lm.to(target).eval()
     return TransformersPlannerBackend(
-        lm, tokenizer, model_name=source.name, max_batch_size=max_batch_size
+        lm,
+        tokenizer,
+        model_name=source.name,
+        max_batch_size=max_batch_size,
+        prompt_examples=prompt_examples_of(source),
     )
 
 
@@ -178,6 +182,7 @@ class TransformersPlannerBackend:
         *,
         model_name: str,
         max_batch_size: int = 8,
+        prompt_examples: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -186,6 +191,7 @@ class TransformersPlannerBackend:
                 f"planner model {model_name} has no chat template; the Conductor prompt is a chat"
             )
         self.model_name = model_name
+        self.prompt_examples = prompt_examples
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.device = model.device
