@@ -94,7 +94,11 @@ def main() -> None:
         "--untrained", action="store_true", help="also sample before the warm-up (slower)"
     )
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--report", type=Path, default=None, help="print a saved run's table")
     args = parser.parse_args()
+    if args.report is not None:
+        print_table(json.loads(args.report.read_text()))
+        return
 
     import torch
 
@@ -160,19 +164,23 @@ def main() -> None:
         )
         table["forms"][form] = entry
     (out / "prompt_examples.json").write_text(json.dumps(table, indent=1))
+    print_table(table)
+    print(f"wrote {out / 'prompt_examples.json'}")
+
+
+def print_table(table: dict[str, Any]) -> None:
     print()
-    print(
-        "| prompt | tokens | untrained valid t=0 / t=1 | warmed-up valid t=0 / t=1 | s/plan t=1 |"
-    )
+    print("| prompt | tokens | valid plans, t=0 / t=1 | s per plan, t=1 | warm-up s |")
     print("| --- | --- | --- | --- | --- |")
     for form, entry in table["forms"].items():
-        before, after = entry["untrained"], entry["warmed_up"]
-        print(
-            f"| {form} | {entry['prompt_tokens_mean']:.0f} | {before['valid_t0']:.0%} / "
-            f"{before['valid_t1']:.0%} | {after['valid_t0']:.0%} / {after['valid_t1']:.0%} | "
-            f"{after['s_per_plan_t1']:.2f} |"
-        )
-    print(f"wrote {out / 'prompt_examples.json'}")
+        for stage in ("untrained", "warmed_up"):
+            if stage in entry:
+                shares = entry[stage]
+                print(
+                    f"| {form}, {stage.replace('_', ' ')} | {entry['prompt_tokens_mean']:.0f} | "
+                    f"{shares['valid_t0']:.0%} / {shares['valid_t1']:.0%} | "
+                    f"{shares['s_per_plan_t1']:.2f} | {entry['warmup_s']:.0f} |"
+                )
 
 
 if __name__ == "__main__":

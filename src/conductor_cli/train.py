@@ -79,7 +79,7 @@ def train_command(
         None,
         "--prompt-examples/--no-prompt-examples",
         help="Train on prompts with (or without) the few-shot examples; the checkpoint records "
-        "it and is served the same way. Default: as the base model was trained, and without "
+        "it and is served the same way. Default: as the base model was trained, and with "
         "them for a model Conductor training never saw.",
     ),
     precision: str = typer.Option(

@@ -349,7 +349,7 @@ def test_a_short_training_run_writes_a_checkpoint_the_planner_serves(
     assert [r["step"] for r in rows] == [1]
     assert all({"reward", "format_valid", "steps_per_plan"} <= set(r) for r in rows)
     assert (out / "training_curve.png").read_bytes()[:4] == b"\x89PNG"
-    assert_served(out / "checkpoint", prompt_examples=False)
+    assert_served(out / "checkpoint", prompt_examples=True)
     # Interrupted runs carry on from their last checkpoint: one more step, not three.
     assert [p.name for p in (out / "trainer").glob("checkpoint-*")] == ["checkpoint-1"]
     resumed = tiny_training_run(out, steps=2, resume=True, base_model=tiny_model)
@@ -365,7 +365,9 @@ def test_lora_training_saves_the_adapters_merged_into_one_model_the_planner_serv
     from safetensors.torch import load_file
 
     out = tmp_path / "train"
-    done = tiny_training_run(out, "--lora-rank", "4", steps=1, base_model=tiny_model)
+    done = tiny_training_run(
+        out, "--lora-rank", "4", "--no-prompt-examples", steps=1, base_model=tiny_model
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     checkpoint = out / "checkpoint"
     assert not (checkpoint / "adapter_config.json").exists()  # one model, not base + adapter
@@ -374,8 +376,9 @@ def test_lora_training_saves_the_adapters_merged_into_one_model_the_planner_serv
     # The base's own weight names and shapes: no LoRA matrix left over. (Whether it learnt
     # cannot show here: a random tiny model's samples are all invalid, every advantage 0.)
     assert {n: t.shape for n, t in trained.items()} == {n: t.shape for n, t in base.items()}
-    assert json.loads((out / "train_options.json").read_text())["lora_rank"] == 4
-    assert_served(checkpoint)
+    recorded = json.loads((out / "train_options.json").read_text())
+    assert (recorded["lora_rank"], recorded["prompt_examples"]) == (4, False)
+    assert_served(checkpoint, prompt_examples=False)  # served as trained: without the examples
 
 
 @pytest.mark.model

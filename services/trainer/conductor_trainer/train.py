@@ -29,10 +29,12 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoint"
 WARMUP_CHECKPOINT_DIR = "warmup-checkpoint"  # the model after the format warm-up, before GRPO
 CURVE_FILE = "training_curve.png"
-# The prompt form for a base model that Conductor training never saw. Without the few-shot
-# examples the prompt is 428 tokens instead of 982 (SmolLM2's tokenizer), and after the format
-# warm-up the model writes valid plans as often as with them (benchmarks/prompt_examples.py).
-DEFAULT_PROMPT_EXAMPLES = False
+# The prompt form for a base model that Conductor training never saw: with the few-shot
+# examples. Measured with benchmarks/prompt_examples.py (SmolLM2-135M, 40 warm-up steps, 24
+# held-out questions of GSM8K, MATH-500, ARC-Challenge and MBPP): valid plans 100% greedy and
+# 96% at temperature 1 with them, 67% and 62% without (976 prompt tokens against 407). They
+# cost little in sampling: every prompt shares them, and that prefix is computed once a batch.
+DEFAULT_PROMPT_EXAMPLES = True
 TRAIN_INSTALL_HINT = "pip install 'conductor-orchestrator[transformers,eval,train]'"
 
 # What training is doing, and how far it is: (phase, steps done, steps in all). Phases: "format
