@@ -169,3 +169,58 @@ def test_sampling_with_the_prefix_computed_once_gives_what_plain_sampling_gives(
         expected.append(row[: row.index(2) + 1] if 2 in row else row)
     assert shared == expected
     assert all(len(row) > 0 for row in shared)
+
+
+def shared_prefix_batch(own_lengths: list[int], completion_lengths: list[int]) -> Any:
+    """Left-padded prompts that share a 40-token prefix, then right-padded completions."""
+    import torch
+
+    generator = torch.Generator().manual_seed(2)
+    prefix = torch.randint(3, 250, (40,), generator=generator).tolist()
+    prompts = [
+        prefix + torch.randint(3, 250, (n,), generator=generator).tolist() for n in own_lengths
+    ]
+    width = max(map(len, prompts))
+    completion_width = max(completion_lengths) + 2
+    ids = torch.zeros((len(prompts), width + completion_width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, (prompt, length) in enumerate(zip(prompts, completion_lengths, strict=True)):
+        ids[row, width - len(prompt) : width] = torch.tensor(prompt)
+        mask[row, width - len(prompt) : width] = 1
+        ids[row, width : width + length] = torch.randint(3, 250, (length,), generator=generator)
+        mask[row, width : width + length] = 1
+    return ids, mask, completion_width
+
+
+@pytest.mark.training
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
+def test_the_loss_with_the_prefix_computed_once_matches_trls_log_probs_and_gradient(
+    trainers: tuple[Any, Any],
+) -> None:
+    import torch
+
+    from conductor_trainer.grpo_trainer import checkpointing_is_on
+
+    trl_trainer, ours = trainers
+    ours.model.load_state_dict(trl_trainer.model.state_dict())
+    ids, mask, keep = shared_prefix_batch([5, 1, 9, 3], [7, 2, 4, 7])
+    results = []
+    for trainer in (trl_trainer, ours):
+        model = trainer.model.train()
+        if checkpointing_is_on(model):  # the shared prefix needs it off
+            model.activation_checkpointing_disable()
+        model.zero_grad()
+        type_ = type(trl_trainer)  # TRL's own method for the first, the override for ours
+        method = (
+            type_ if trainer is trl_trainer else type(ours)
+        )._get_per_token_logps_and_entropies
+        logps, entropies, _ = method(trainer, model, ids, mask, keep, compute_entropy=True)
+        completion = mask[:, -keep:].bool()
+        (logps[completion].sum() + entropies[completion].sum()).backward()
+        gradient = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results.append((logps[completion].detach(), entropies[completion].detach(), gradient))
+    (expected_logps, expected_entropies, expected_gradient), (logps, entropies, gradient) = results
+    assert torch.allclose(logps, expected_logps, atol=1e-5)
+    assert torch.allclose(entropies, expected_entropies, atol=1e-5)
+    assert torch.allclose(gradient, expected_gradient, atol=1e-5, rtol=1e-4)
+    assert gradient.abs().sum() > 0

@@ -9,6 +9,12 @@ each row's own rest of the prompt follows, padded on its left, so positions (tak
 attention mask) are the same as without the prefix cache. The tokens sampled follow the same
 distribution; only the arithmetic order differs.
 
+**The shared prefix is computed once per batch in the loss too**, where activation
+checkpointing is off (checkpointing recomputes each layer in the backward pass, which would
+append the rows' keys to the shared cache a second time; TRL's own computation runs instead).
+The prefix runs once with gradients, its keys and values are copied to every row, and each
+row's own tokens attend to them: gradients from every row flow back into the one prefix pass.
+
 **Zero-advantage samples are left out of the loss.** A sample whose advantage is 0 (every
 sample of a group rewarded alike: all invalid, all wrong, all right) adds nothing to the
 gradient: with no KL term its per-token loss is exactly 0. With the "grpo" loss (each
@@ -92,6 +98,46 @@ def grpo_trainer_class(trl: Any) -> Any:
                 )
             return completions, None
 
+        def _get_per_token_logps_and_entropies(
+            self,
+            model: Any,
+            input_ids: Any,
+            attention_mask: Any,
+            logits_to_keep: int,
+            batch_size: int | None = None,
+            compute_entropy: bool = False,
+            compute_aux_loss: bool = False,
+            **multimodal: Any,
+        ) -> tuple[Any, Any, Any]:
+            plain = (
+                compute_aux_loss
+                or any(value is not None for value in multimodal.values())
+                or (batch_size is not None and batch_size < input_ids.size(0))
+                or self.accelerator.num_processes > 1
+                or checkpointing_is_on(model)
+            )
+            if not plain:
+                with self.accelerator.autocast():
+                    shared = per_token_logps_with_shared_prefix(
+                        model,
+                        input_ids,
+                        attention_mask,
+                        logits_to_keep,
+                        compute_entropy=compute_entropy,
+                    )
+                if shared is not None:
+                    return (*shared, None)
+            return super()._get_per_token_logps_and_entropies(  # type: ignore[no-any-return]
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                batch_size,
+                compute_entropy,
+                compute_aux_loss,
+                **multimodal,
+            )
+
         def _skipping_is_exact(self, advantages: Any) -> bool:
             return bool(
                 self.beta == 0.0
@@ -145,6 +191,83 @@ def select_samples(inputs: dict[str, Any], rows: Any) -> dict[str, Any]:
     return selected
 
 
+def cache_keyword(model: Any) -> str:
+    """The name under which this transformers version passes a KV cache to a model."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    parameters = inspect.signature(type(base).forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def prefix_cache(model: Any, prefix_ids: Any, rows: int) -> Any:
+    """The keys and values of ``prefix_ids`` (one row), computed once and copied to ``rows``."""
+    output = model(input_ids=prefix_ids, use_cache=True)
+    cache = output.get("cache") or output.get("past_key_values")
+    cache.batch_repeat_interleave(rows)
+    return cache
+
+
+def checkpointing_is_on(model: Any) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    # transformers 5 renamed gradient checkpointing to activation checkpointing.
+    renamed = hasattr(base, "activation_checkpointing_enable")
+    return bool(getattr(base, f"is_{'activation' if renamed else 'gradient'}_checkpointing", False))
+
+
+def per_token_logps_with_shared_prefix(
+    model: Any,
+    input_ids: Any,
+    attention_mask: Any,
+    logits_to_keep: int,
+    *,
+    compute_entropy: bool,
+) -> tuple[Any, Any] | None:
+    """What TRL's ``_get_per_token_logps_and_entropies`` returns for left-padded prompts
+    followed by ``logits_to_keep`` completion columns, with the prompts' shared prefix run
+    once. Each row is laid out as [prefix][padding][own prompt tokens][completion]. None
+    when the prompts share too short a prefix to gain from it."""
+    import torch
+
+    rows, width = input_ids.shape
+    prompt_width = width - logits_to_keep
+    prompts = [
+        input_ids[row, :prompt_width][attention_mask[row, :prompt_width].bool()].tolist()
+        for row in range(rows)
+    ]
+    shared = shared_prefix_length(prompts)
+    if shared < MIN_SHARED_PREFIX:
+        return None
+    own_width = max(len(p) for p in prompts) - shared
+    new_width = shared + own_width + logits_to_keep
+    ids = torch.zeros((rows, new_width), dtype=input_ids.dtype, device=input_ids.device)
+    mask = torch.zeros((rows, new_width), dtype=attention_mask.dtype, device=input_ids.device)
+    ids[:, :shared] = input_ids.new_tensor(prompts[0][:shared])
+    mask[:, :shared] = 1
+    for row, prompt in enumerate(prompts):
+        own = prompt[shared:]
+        start = shared + own_width - len(own)
+        ids[row, start : shared + own_width] = input_ids.new_tensor(own)
+        mask[row, start : shared + own_width] = 1
+    ids[:, -logits_to_keep:] = input_ids[:, -logits_to_keep:]
+    mask[:, -logits_to_keep:] = attention_mask[:, -logits_to_keep:]
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :-logits_to_keep] = -100
+    cache = prefix_cache(model, ids[:1, :shared], rows)
+    outputs = model(
+        input_ids=ids[:, shared:],
+        attention_mask=mask,
+        position_ids=positions[:, shared:],
+        labels=labels[:, shared:],
+        fused_lm_head=True,
+        **{cache_keyword(model): cache},
+    )
+    logps = outputs.log_probs[:, -logits_to_keep:]
+    entropies = outputs.entropy[:, -logits_to_keep:] if compute_entropy else None
+    return logps, entropies
+
+
 def shared_prefix_length(prompt_ids: list[list[int]]) -> int:
     """Tokens every prompt starts with, leaving each at least one of its own (generation
     needs one token not in the cache)."""
@@ -181,13 +304,12 @@ def generate_with_shared_prefix(
         input_ids[row, shared + width - len(tokens) :] = torch.tensor(tokens)
         attention_mask[row, shared + width - len(tokens) :] = 1
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    cache = model(input_ids=input_ids[:1, :shared], use_cache=True).past_key_values
-    cache.batch_repeat_interleave(rows)
+    cache = prefix_cache(model, input_ids[:1, :shared], rows)
     output = model.generate(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        cache=cache,
         generation_config=generation_config,
+        **{cache_keyword(model): cache},
     )
     completions = []
     eos = set(eos_token_ids)
