@@ -199,7 +199,7 @@ def test_the_loss_with_the_prefix_computed_once_matches_trls_log_probs_and_gradi
 ) -> None:
     import torch
 
-    from conductor_trainer.grpo_trainer import checkpointing_is_on
+    from conductor_trainer.checkpointing import checkpointing_is_on, set_checkpointing
 
     trl_trainer, ours = trainers
     ours.model.load_state_dict(trl_trainer.model.state_dict())
@@ -208,7 +208,7 @@ def test_the_loss_with_the_prefix_computed_once_matches_trls_log_probs_and_gradi
     for trainer in (trl_trainer, ours):
         model = trainer.model.train()
         if checkpointing_is_on(model):  # the shared prefix needs it off
-            model.activation_checkpointing_disable()
+            set_checkpointing(model, False)
         model.zero_grad()
         type_ = type(trl_trainer)  # TRL's own method for the first, the override for ours
         method = (

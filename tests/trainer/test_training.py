@@ -535,3 +535,24 @@ def test_training_reports_what_it_is_doing_at_each_step(tmp_path: Path, tiny_mod
         ("generating", 1),
     ]
     assert grpo[-2:] == [("step done", 2), ("saving", 2)]
+
+
+@pytest.mark.training
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
+def test_the_format_warmup_leaves_activation_checkpointing_as_it_found_it(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """SFT turns checkpointing on; left on, GRPO would run with it whatever its settings say."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conductor_trainer.checkpointing import checkpointing_is_on
+    from conductor_trainer.warmup import warm_up
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model))
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    examples = [{"prompt": "Question: 2 + 2?\n", "completion": "model_id = [0]"}] * 4
+    assert not checkpointing_is_on(model)
+    warm_up(
+        model, tokenizer, examples, steps=1, learning_rate=1e-4, out=tmp_path, use_cpu=True, seed=0
+    )
+    assert not checkpointing_is_on(model)

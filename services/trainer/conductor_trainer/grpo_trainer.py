@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from conductor_trainer.checkpointing import checkpointing_is_on
+
 # Inputs laid out per completion token (batch x completion length): cut with the completion.
 _PER_COMPLETION_TOKEN = (
     "completion_ids",
@@ -206,13 +208,6 @@ def prefix_cache(model: Any, prefix_ids: Any, rows: int) -> Any:
     cache = output.get("cache") or output.get("past_key_values")
     cache.batch_repeat_interleave(rows)
     return cache
-
-
-def checkpointing_is_on(model: Any) -> bool:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    # transformers 5 renamed gradient checkpointing to activation checkpointing.
-    renamed = hasattr(base, "activation_checkpointing_enable")
-    return bool(getattr(base, f"is_{'activation' if renamed else 'gradient'}_checkpointing", False))
 
 
 def per_token_logps_with_shared_prefix(

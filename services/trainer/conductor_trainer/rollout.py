@@ -34,6 +34,7 @@ from conductor.protocol import ParseFailure, parse_plan, validate_plan
 from conductor.variants import MAX_STEPS_LIMIT, Variant
 from conductor.workflow import Plan, PlanOutcome, StepKind, WorkflowStatus
 from conductor_evaluation import INVALID, EvalItem, given_outcome, method_reward, simulating, verify
+from conductor_trainer.checkpointing import checkpointing_is_on, set_checkpointing
 from conductor_trainer.metrics import (
     ACCURACY,
     FORMAT_VALID,
@@ -111,18 +112,15 @@ class PolicyPlanner:
         ``generate`` would then see only its last token. TRL's own sampling does the same."""
         model = self.model
         was_training = model.training
-        # transformers 5 renamed gradient checkpointing to activation checkpointing.
-        renamed = hasattr(model, "activation_checkpointing_enable")
-        prefix = "activation" if renamed else "gradient"
-        checkpointing = bool(getattr(model, f"is_{prefix}_checkpointing"))
+        checkpointing = checkpointing_is_on(model)
         if checkpointing:
-            getattr(model, f"{prefix}_checkpointing_disable")()
+            set_checkpointing(model, False)
         model.eval()
         try:
             yield
         finally:
             if checkpointing:
-                getattr(model, f"{prefix}_checkpointing_enable")(self.checkpointing_kwargs)
+                set_checkpointing(model, True, self.checkpointing_kwargs)
             model.train(was_training)
 
     async def aclose(self) -> None:

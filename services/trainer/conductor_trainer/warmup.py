@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from conductor.workflow import ALL, AccessEntry, Plan, PlanStep
+from conductor_trainer.checkpointing import checkpointing_is_on, set_checkpointing
 from conductor_trainer.precision import PrecisionChoice, precision_fields
 
 # Short subtasks: the targets must fit well inside the completion budget, or the model learns
@@ -115,4 +116,9 @@ def warm_up(
         from transformers import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)
+    checkpointing = checkpointing_is_on(model)
     trainer.train()
+    # SFT turns activation checkpointing on and leaves it on: GRPO would then run with it
+    # whatever its own settings say (and lose the shared prefix in its loss).
+    if checkpointing_is_on(model) != checkpointing:
+        set_checkpointing(model, checkpointing)
