@@ -2,12 +2,12 @@
 
 **The shared prompt prefix is computed once per batch when sampling.** Every Conductor prompt
 starts with the same system message (the task, the output form, the examples if any): about
-330 of the 430 tokens of a prompt without examples. TRL computes each sample's whole prompt
-(32 times per step at 4 questions x 8 samples), and on a CPU that prefill is most of the time
-spent sampling. Here the prefix's keys and values are computed once and copied to every row;
-each row's own rest of the prompt follows, padded on its left, so positions (taken from the
-attention mask) are the same as without the prefix cache. The tokens sampled follow the same
-distribution; only the arithmetic order differs.
+900 of the 1,000 tokens of a prompt with the examples, 330 of 430 without. TRL computes each
+sample's whole prompt (32 times per step at 4 questions x 8 samples), and on a CPU that
+prefill is most of the time spent sampling. Here the prefix's keys and values are computed
+once and copied to every row; each row's own rest of the prompt follows, padded on its left,
+so positions (taken from the attention mask) are the same as without the prefix cache. The
+tokens sampled follow the same distribution; only the arithmetic order differs.
 
 **The shared prefix is computed once per batch in the loss too**, where activation
 checkpointing is off (checkpointing recomputes each layer in the backward pass, which would
@@ -21,9 +21,8 @@ gradient: with no KL term its per-token loss is exactly 0. With the "grpo" loss 
 sequence's mean, then the mean over sequences) the loss of the batch is then (samples kept /
 batch) x the loss of the samples kept, exactly. So only those samples go through the forward
 and backward pass, and the columns of completion padding that only the dropped samples needed
-are cut. Early in training most groups are rewarded alike (a small
-model writes no valid plan until it has learnt the format), and such a step costs its sampling
-and scoring only.
+are cut. Early in training most groups are rewarded alike (a small model writes no valid plan
+until it has learnt the format), and such a step costs its sampling and scoring only.
 
 TRL has no option for either (its ``mask_truncated_completions`` and DAPO's dynamic sampling
 filter differently, and its generation pads each prompt whole), so the trainer is subclassed
@@ -233,19 +232,9 @@ def per_token_logps_with_shared_prefix(
     shared = shared_prefix_length(prompts)
     if shared < MIN_SHARED_PREFIX:
         return None
-    own_width = max(len(p) for p in prompts) - shared
-    new_width = shared + own_width + logits_to_keep
-    ids = torch.zeros((rows, new_width), dtype=input_ids.dtype, device=input_ids.device)
-    mask = torch.zeros((rows, new_width), dtype=attention_mask.dtype, device=input_ids.device)
-    ids[:, :shared] = input_ids.new_tensor(prompts[0][:shared])
-    mask[:, :shared] = 1
-    for row, prompt in enumerate(prompts):
-        own = prompt[shared:]
-        start = shared + own_width - len(own)
-        ids[row, start : shared + own_width] = input_ids.new_tensor(own)
-        mask[row, start : shared + own_width] = 1
-    ids[:, -logits_to_keep:] = input_ids[:, -logits_to_keep:]
-    mask[:, -logits_to_keep:] = attention_mask[:, -logits_to_keep:]
+    prompt_ids, prompt_mask = shared_prefix_rows(prompts, shared, pad_token_id=0)
+    ids = torch.cat([prompt_ids.to(input_ids), input_ids[:, -logits_to_keep:]], dim=1)
+    mask = torch.cat([prompt_mask.to(attention_mask), attention_mask[:, -logits_to_keep:]], dim=1)
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     labels = ids.masked_fill(mask == 0, -100)
     labels[:, :-logits_to_keep] = -100
@@ -261,6 +250,26 @@ def per_token_logps_with_shared_prefix(
     logps = outputs.log_probs[:, -logits_to_keep:]
     entropies = outputs.entropy[:, -logits_to_keep:] if compute_entropy else None
     return logps, entropies
+
+
+def shared_prefix_rows(
+    prompt_ids: list[list[int]], shared: int, *, pad_token_id: int
+) -> tuple[Any, Any]:
+    """Token ids and attention mask laid out as [shared prefix][padding][own tokens]: the
+    prefix at the same columns in every row (so one cached copy serves them all), each row's
+    own tokens right-aligned after it. Positions must come from the mask."""
+    import torch
+
+    own = [ids[shared:] for ids in prompt_ids]
+    width = shared + max(len(tokens) for tokens in own)
+    ids = torch.full((len(prompt_ids), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    ids[:, :shared] = torch.tensor(prompt_ids[0][:shared])
+    mask[:, :shared] = 1
+    for row, tokens in enumerate(own):
+        ids[row, width - len(tokens) :] = torch.tensor(tokens)
+        mask[row, width - len(tokens) :] = 1
+    return ids, mask
 
 
 def shared_prefix_length(prompt_ids: list[list[int]]) -> int:
@@ -285,20 +294,10 @@ def generate_with_shared_prefix(
 ) -> list[list[int]]:
     """Samples a completion per prompt, computing their first ``shared`` tokens once. Each
     completion ends at its first end-of-sequence token (kept), as TRL's own generation does."""
-    import torch
 
-    device = model.device
-    rows = len(prompt_ids)
-    own = [ids[shared:] for ids in prompt_ids]
-    width = max(len(tokens) for tokens in own)
-    input_ids = torch.full((rows, shared + width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((rows, shared + width), dtype=torch.long)
-    input_ids[:, :shared] = torch.tensor(prompt_ids[0][:shared])
-    attention_mask[:, :shared] = 1
-    for row, tokens in enumerate(own):
-        input_ids[row, shared + width - len(tokens) :] = torch.tensor(tokens)
-        attention_mask[row, shared + width - len(tokens) :] = 1
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    input_ids, attention_mask = shared_prefix_rows(prompt_ids, shared, pad_token_id=pad_token_id)
+    input_ids, attention_mask = input_ids.to(model.device), attention_mask.to(model.device)
+    rows, width = input_ids.shape
     cache = prefix_cache(model, input_ids[:1, :shared], rows)
     output = model.generate(
         input_ids=input_ids,
@@ -308,7 +307,7 @@ def generate_with_shared_prefix(
     )
     completions = []
     eos = set(eos_token_ids)
-    for row in output[:, shared + width :].tolist():
+    for row in output[:, width:].tolist():
         ends = [i for i, token in enumerate(row) if token in eos]
         completions.append(row[: ends[0] + 1] if ends else row)
     return completions

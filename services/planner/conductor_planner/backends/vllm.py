@@ -122,7 +122,7 @@ def load_vllm_backend(
         importlib.import_module("vllm.sampling_params"),
         model_name=path.name if path.exists() else model,
         plan_format=plan_format,
-        prompt_examples=prompt_examples_of(ModelSource(str(path))) if path.is_dir() else True,
+        prompt_examples=prompt_examples_of(ModelSource(str(path))),  # True for a hub id
     )
 
 
