@@ -111,8 +111,10 @@ async def runner(
         app, pool, client, prefix=settings.redis_prefix, reply_timeout_s=120
     )
     yield step_runner
-    await step_runner.aclose()
-    await client.aclose()
+    # Bounded: a close that hangs fails here, naming itself, not at the suite's timeout.
+    async with asyncio.timeout(30):
+        await step_runner.aclose()
+        await client.aclose()
     app.close()
 
 

@@ -108,8 +108,16 @@ class QueuedStepRunner:
                 future.set_result(reply)
             # Else a duplicate (a redelivered call answered twice) or a call that gave up.
 
-    async def aclose(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
+    async def aclose(self, timeout_s: float = 5.0) -> None:
+        """Stop reading replies. Bounded: a reader stuck on a Redis connection that does not
+        close is left behind with a warning rather than holding up the caller's shutdown."""
+        reader, self._reader = self._reader, None
+        if reader is None or reader.done():
+            return
+        reader.cancel()
+        done, _ = await asyncio.wait({reader}, timeout=timeout_s)
+        if not done:
+            logger.warning("the gateway reply reader did not stop within %g s", timeout_s)
+            return
+        with contextlib.suppress(asyncio.CancelledError):
+            reader.result()
