@@ -6,6 +6,12 @@ Reads each OUT/report.json and prints, per suite, one Markdown row per run for t
 strategy (--strategy; by default each run's most accurate Conductor variant, named in the
 row): accuracy with its 95% interval, the method's mean reward, the plan-valid rate, steps and
 tokens per question.
+
+Then, over every suite at once ("all suites", which `conductor eval` writes when it ran more
+than one), each run's Conductor beside the last run's baselines (single workers, MoA, random,
+oracle, routers), with cost as a share of the best single worker's and tokens as a share of
+MoA's, and the last run's Conductor checked against the marks: accuracy at least the best
+single worker's, at most 60% of its cost and 25% of MoA's tokens, and 98% valid plans.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
+
+POOLED = "all suites"  # conductor eval's pseudo-suite over every suite of a run
+COST_MARK, TOKENS_MARK, VALID_MARK = 0.60, 0.25, 0.98
 
 
 def load(label_and_dir: str) -> tuple[str, dict[str, Any]]:
@@ -65,12 +74,102 @@ def render(runs: list[tuple[str, dict[str, Any]]], strategy: str | None) -> str:
     return "\n".join(lines)
 
 
+def best_single(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The most accurate single worker; the cheaper one of equals."""
+    singles = [r for r in rows if r["kind"] == "single"]
+    return min(singles, key=lambda r: (-r["accuracy"], r["cost_per_question_usd"]), default=None)
+
+
+def _share(value: float, of: float | None) -> str:
+    return "-" if not of else f"{value / of:.0%}"
+
+
+def render_baselines(runs: list[tuple[str, dict[str, Any]]], strategy: str | None) -> str:
+    """Over all suites: every run's Conductor, then the last run's baselines, then the marks."""
+    last_label, last = runs[-1]
+    pooled = last["suites"].get(POOLED)
+    if not pooled:
+        return ""
+    single = best_single(pooled)
+    moa = next((r for r in pooled if r["kind"] == "moa"), None)
+    single_cost = single["cost_per_question_usd"] if single else None
+    moa_tokens = moa["tokens_per_question"] if moa else None
+    lines = [
+        f"### {POOLED}: against the baselines",
+        "",
+        f"Cost as a share of the best single worker's ({single['strategy'] if single else '-'}), "
+        "tokens as a share of MoA's; the baselines are the last run's.",
+        "",
+        "| run | strategy | n | accuracy | 95% CI | cost/q (USD) | of best single | tokens/q "
+        "| of MoA | plan valid |",
+        "|---|---|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    conductors = [
+        (label, conductor_row(r["suites"].get(POOLED, []), strategy)) for label, r in runs
+    ]
+    baselines = [("baseline", r) for r in pooled if r["kind"] != "conductor"]
+    for label, row in [*conductors, *baselines]:
+        if row is None:
+            lines.append(f"| {label} |{' - |' * 9}")
+            continue
+        low, high = row["ci95"]
+        valid = row.get("plan_valid_rate")
+        lines.append(
+            f"| {label} | {row['strategy']} | {row['n']} "
+            f"| {row['accuracy']:.1%} | {low:.1%} - {high:.1%} "
+            f"| {row['cost_per_question_usd']:.6f} "
+            f"| {_share(row['cost_per_question_usd'], single_cost)} "
+            f"| {row['tokens_per_question']:,.0f} "
+            f"| {_share(row['tokens_per_question'], moa_tokens)} "
+            f"| {'' if valid is None else f'{valid:.0%}'} |"
+        )
+    trained = conductors[-1][1]
+    if trained is not None and single is not None:
+        lines += ["", f"Marks for {last_label} ({trained['strategy']}):", ""]
+        lines += _marks(trained, single, moa)
+    return "\n".join([*lines, ""])
+
+
+def _marks(
+    trained: dict[str, Any], single: dict[str, Any], moa: dict[str, Any] | None
+) -> list[str]:
+    def line(held: bool, text: str) -> str:
+        return f"- [{'x' if held else ' '}] {text}"
+
+    accuracy_gap = trained["accuracy"] - single["accuracy"]
+    cost_share = trained["cost_per_question_usd"] / (single["cost_per_question_usd"] or 1.0)
+    valid = trained.get("plan_valid_rate") or 0.0
+    out = [
+        line(
+            accuracy_gap >= 0,
+            f"accuracy {trained['accuracy']:.1%} against the best single worker's "
+            f"{single['accuracy']:.1%} ({accuracy_gap:+.1%})",
+        ),
+        line(
+            cost_share <= COST_MARK,
+            f"cost {cost_share:.0%} of the best single worker's (mark: {COST_MARK:.0%})",
+        ),
+    ]
+    if moa is not None:
+        tokens_share = trained["tokens_per_question"] / (moa["tokens_per_question"] or 1.0)
+        out.append(
+            line(
+                tokens_share <= TOKENS_MARK,
+                f"tokens {tokens_share:.0%} of MoA's (mark: {TOKENS_MARK:.0%})",
+            )
+        )
+    out.append(line(valid >= VALID_MARK, f"valid plans {valid:.1%} (mark: {VALID_MARK:.0%})"))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="LABEL=OUT_DIR (or OUT_DIR) of conductor eval")
     parser.add_argument("--strategy", help="the Conductor variant to compare")
     args = parser.parse_args()
-    print(render([load(r) for r in args.runs], args.strategy))
+    runs = [load(r) for r in args.runs]
+    print(render(runs, args.strategy))
+    print(render_baselines(runs, args.strategy))
 
 
 if __name__ == "__main__":

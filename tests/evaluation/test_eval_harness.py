@@ -16,7 +16,14 @@ from conductor_adapters.settings import Settings
 from conductor_cli.wiring import open_eval_runtime
 from conductor_evaluation import code_check
 from conductor_evaluation.harness import EvalOptions, EvalOutcome, evaluate
-from conductor_evaluation.report import percentile, render_markdown, routing, summarize, wilson
+from conductor_evaluation.report import (
+    ALL_SUITES,
+    percentile,
+    render_markdown,
+    routing,
+    summarize,
+    wilson,
+)
 from conductor_evaluation.results import RESULTS_FILE, ItemResult
 from conductor_evaluation.sandbox import SandboxLimits
 from conductor_evaluation.sim import builtin_sim_pool
@@ -171,6 +178,49 @@ def test_the_routing_table_says_which_workers_each_strategy_used() -> None:
         routing(results, summary, NAMES),
     )
     assert "| conductor-mini | 50% | 50% | 0% | 25% | 1: 2, 2: 2 | 25% |" in markdown
+
+
+def test_several_suites_are_also_judged_pooled_with_the_oracle_taken_per_suite() -> None:
+    def run(suite: str, item: str, strategy: str, correct: bool, cost: float) -> ItemResult:
+        return ItemResult(
+            suite=suite,
+            item_id=item,  # the same ids in both suites: the pool must not mix them up
+            strategy=strategy,
+            correct=correct,
+            status="completed",
+            steps=1,
+            cost_usd=cost,
+            workers=[strategy.removeprefix("single:")],
+            sees=[[]],
+        )
+
+    results = [
+        run("gsm8k", "1", "single:sim-math", True, 1.0),
+        run("gsm8k", "1", "single:sim-small", False, 0.1),
+        run("gsm8k", "2", "single:sim-math", False, 1.0),
+        run("gsm8k", "2", "single:sim-small", False, 0.1),
+        run("mbpp", "1", "single:sim-math", False, 1.0),
+        run("mbpp", "1", "single:sim-small", True, 0.1),
+    ]
+    ran = {r.strategy for r in results}
+    strategies = [  # the oracle brings every single worker; keep the two that ran
+        s
+        for s in parse_strategies("oracle", POOL, dict(BUILTIN_VARIANTS))
+        if s.name in ran or s.name == "oracle"
+    ]
+
+    summary = summarize(results, strategies)
+
+    assert list(summary)[-1] == ALL_SUITES
+    pooled = {row.strategy: row for row in summary[ALL_SUITES]}
+    assert (pooled["single:sim-math"].n, pooled["single:sim-math"].correct) == (3, 1)
+    assert pooled["single:sim-math"].cost_per_question_usd == pytest.approx(1.0)
+    # The oracle per suite: gsm8k 1 (sim-math, 1.0), gsm8k 2 (none right: the cheapest, 0.1),
+    # mbpp 1 (sim-small, 0.1); across suites item "1" is two items, not one.
+    assert (pooled["oracle"].n, pooled["oracle"].correct) == (3, 2)
+    assert pooled["oracle"].cost_per_question_usd == pytest.approx(1.2 / 3)
+    assert routing(results, summary, NAMES)[ALL_SUITES][0].n == 3
+    assert ALL_SUITES not in summarize(results[:4], strategies)  # one suite: nothing pooled
 
 
 def test_the_report_gives_the_methods_mean_reward() -> None:
@@ -455,7 +505,15 @@ def test_compare_evals_puts_checkpoints_side_by_side(tmp_path: Path) -> None:
             "latency_p95_s": 2.0, "failed": 0, "plan_valid_rate": 0.9, "mean_reward": reward,
         }  # fmt: skip
         single = {**row, "strategy": "single:sim-small", "kind": "single", "accuracy": 0.1}
-        document = {"planner": planner, "suites": {"gsm8k": [single, row]}}
+        costly = {
+            **single,
+            "strategy": "single:sim-frontier",
+            "accuracy": 0.55,
+            "cost_per_question_usd": 0.01,
+        }
+        moa = {**row, "strategy": "moa", "kind": "moa", "tokens_per_question": 10_000.0}
+        pooled = [{**row, "cost_per_question_usd": 0.004}, single, costly, moa]
+        document = {"planner": planner, "suites": {"gsm8k": [single, row], "all suites": pooled}}
         (directory / "report.json").write_text(json.dumps(document))
 
     report(tmp_path / "a", "transformers:base", 0.5, 0.7)
@@ -473,6 +531,17 @@ def test_compare_evals_puts_checkpoints_side_by_side(tmp_path: Path) -> None:
         "| base | transformers:base | conductor-grpo | 10 | 50.0% | 20.0% - 80.0% | 0.700"
     )
     assert lines[2].startswith("| trained | transformers:trained | conductor-grpo | 10 | 60.0% |")
+    # Over all suites, beside the baselines: 40% of the best single worker's cost (frontier,
+    # 55%), 12% of MoA's tokens; the trained run meets every mark but the valid-plan one.
+    assert (
+        "| trained | conductor-grpo | 10 | 60.0% | 20.0% - 80.0% | 0.004000 | 40% | 1,234 | 12% |"
+        in done.stdout
+    )
+    assert "| baseline | single:sim-frontier | 10 | 55.0% |" in done.stdout
+    assert "- [x] accuracy 60.0% against the best single worker's 55.0% (+5.0%)" in done.stdout
+    assert "- [x] cost 40% of the best single worker's (mark: 60%)" in done.stdout
+    assert "- [x] tokens 12% of MoA's (mark: 25%)" in done.stdout
+    assert "- [ ] valid plans 90.0% (mark: 98%)" in done.stdout
     missing = subprocess.run(
         [sys.executable, str(script), f"x={tmp_path / 'nowhere'}"],
         capture_output=True,

@@ -773,9 +773,13 @@ def test_conductor_eval_runs_a_trained_router_on_held_out_items(tmp_path: Path) 
     )
     assert done.returncode == 0, done.stderr
     suites = json.loads((tmp_path / "report.json").read_text())["suites"]
-    routed = [r for rows in suites.values() for r in rows if r["kind"] == "router"]
-    assert len(routed) == 2
-    assert all(r["n"] == 10 and r["failed"] == 0 for r in routed)
+    routed = {suite: [r for r in rows if r["kind"] == "router"] for suite, rows in suites.items()}
+    assert list(routed)[-1] == "all suites"  # the two suites, then pooled
+    assert {suite: [(r["n"], r["failed"]) for r in rows] for suite, rows in routed.items()} == {
+        "gsm8k": [(10, 0)],
+        "arc-challenge": [(10, 0)],
+        "all suites": [(20, 0)],
+    }
 
 
 NUMPY_BLOCKED = """

@@ -17,6 +17,9 @@ from conductor_evaluation.reward import method_reward
 from conductor_evaluation.strategies import Kind, Strategy
 
 Z95 = 1.959964
+# The pseudo-suite that pools every suite of a run (each item counted once, in its own suite's
+# share), reported after the suites when there are several.
+ALL_SUITES = "all suites"
 
 
 class StrategyRow(BaseModel):
@@ -88,7 +91,8 @@ def oracle_results(results: Iterable[ItemResult], singles: Sequence[str]) -> lis
 def summarize(
     results: Sequence[ItemResult], strategies: Sequence[Strategy]
 ) -> dict[str, list[StrategyRow]]:
-    """Rows per suite, best accuracy first."""
+    """Rows per suite, best accuracy first; with several suites, also their pool (ALL_SUITES)
+    last."""
     singles = [s.name for s in strategies if s.kind is Kind.SINGLE]
     kinds = {s.name: s.kind for s in strategies}
     everything = list(results)
@@ -98,6 +102,10 @@ def summarize(
     for r in everything:
         if r.strategy in kinds:
             grouped[r.suite][r.strategy].append(r)
+    if len(grouped) > 1:  # a mixed suite is also judged as a whole
+        for r in everything:
+            if r.strategy in kinds:
+                grouped[ALL_SUITES][r.strategy].append(r)
     return {
         suite: sorted(
             (_row(name, kinds[name], rows) for name, rows in by_strategy.items()),
@@ -118,7 +126,11 @@ def routing(
     for suite, rows in summary.items():
         table[suite] = []
         for row in rows:
-            runs = grouped.get((suite, row.strategy), [])
+            runs = (
+                [r for r in results if r.strategy == row.strategy]
+                if suite == ALL_SUITES
+                else grouped.get((suite, row.strategy), [])
+            )
             if not runs:
                 continue  # the oracle: made of other strategies' runs
             n = len(runs)
