@@ -94,12 +94,19 @@ def render_baselines(runs: list[tuple[str, dict[str, Any]]], strategy: str | Non
     moa = next((r for r in pooled if r["kind"] == "moa"), None)
     single_cost = single["cost_per_question_usd"] if single else None
     moa_tokens = moa["tokens_per_question"] if moa else None
-    lines = [
-        f"### {POOLED}: against the baselines",
-        "",
-        f"Cost as a share of the best single worker's ({single['strategy'] if single else '-'}), "
-        "tokens as a share of MoA's; the baselines are the last run's.",
-        "",
+    baselines = [("baseline", r) for r in pooled if r["kind"] != "conductor"]
+    lines = (
+        [
+            f"### {POOLED}: against the baselines",
+            "",
+            f"Cost as a share of the best single worker's ({single['strategy']}), tokens "
+            "as a share of MoA's; the baselines are the last run's.",
+            "",
+        ]
+        if single is not None
+        else [f"### {POOLED}", "", "(The last run has no baselines to compare with.)", ""]
+    )
+    lines += [
         "| run | strategy | n | accuracy | 95% CI | cost/q (USD) | of best single | tokens/q "
         "| of MoA | plan valid |",
         "|---|---|---:|---:|---|---:|---:|---:|---:|---:|",
@@ -107,7 +114,6 @@ def render_baselines(runs: list[tuple[str, dict[str, Any]]], strategy: str | Non
     conductors = [
         (label, conductor_row(r["suites"].get(POOLED, []), strategy)) for label, r in runs
     ]
-    baselines = [("baseline", r) for r in pooled if r["kind"] != "conductor"]
     for label, row in [*conductors, *baselines]:
         if row is None:
             lines.append(f"| {label} |{' - |' * 9}")
