@@ -17,8 +17,8 @@ from conductor_evaluation.reward import method_reward
 from conductor_evaluation.strategies import Kind, Strategy
 
 Z95 = 1.959964
-# The pseudo-suite that pools every suite of a run (each item counted once, in its own suite's
-# share), reported after the suites when there are several.
+# The pseudo-suite that pools every item of every suite of a run, reported after the suites
+# when there are several: a mixed suite judged as a whole.
 ALL_SUITES = "all suites"
 
 
