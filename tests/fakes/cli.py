@@ -1,4 +1,6 @@
-"""The ``conductor`` command run as a user runs it: a subprocess with its own environment."""
+"""The ``conductor`` command run as a user runs it: a subprocess with its own environment; or,
+where importing its dependencies again would cost most of the test, its command line in this
+process."""
 
 from __future__ import annotations
 
@@ -19,4 +21,22 @@ def run_conductor(
         timeout=timeout,
         check=False,
         env={**os.environ, **(env or {})},
+    )
+
+
+def run_conductor_here(*args: str) -> subprocess.CompletedProcess[str]:
+    """The ``conductor`` command line run in this process (typer's runner), its outcome in the
+    shape of a finished subprocess: an exception's traceback is in ``stderr``."""
+    import traceback
+
+    from typer.testing import CliRunner
+
+    from conductor_cli import app
+
+    result = CliRunner().invoke(app, list(args))
+    stderr = result.stderr
+    if result.exc_info is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+    return subprocess.CompletedProcess(
+        ["conductor", *args], result.exit_code, result.stdout, stderr
     )

@@ -23,7 +23,7 @@ from conductor_trainer.metrics import read_metrics
 from conductor_trainer.rollout import PlanRewarder, RecursionStage
 from conductor_trainer.training_data import pool_for, prompt_rows
 
-from fakes.cli import run_conductor
+from fakes.cli import run_conductor, run_conductor_here
 from fakes.scripted import ScriptedBackend
 
 SIM_PROVIDER = {Provider.SIM: SimWorker.from_spec}
@@ -292,24 +292,6 @@ def tiny_training_run(
     if base_model is None:
         return run_conductor(*args, timeout=600)
     return run_conductor_here(*args)
-
-
-def run_conductor_here(*args: str) -> subprocess.CompletedProcess[str]:
-    """The ``conductor`` command line run in this process (typer's runner), its outcome in the
-    shape of a finished subprocess: an exception's traceback is in ``stderr``."""
-    import traceback
-
-    from typer.testing import CliRunner
-
-    from conductor_cli import app
-
-    result = CliRunner().invoke(app, list(args))
-    stderr = result.stderr
-    if result.exc_info is not None and not isinstance(result.exception, SystemExit):
-        stderr += "".join(traceback.format_exception(*result.exc_info))
-    return subprocess.CompletedProcess(
-        ["conductor", *args], result.exit_code, result.stdout, stderr
-    )
 
 
 def assert_served(checkpoint: Path, *, prompt_examples: bool | None = None) -> None:

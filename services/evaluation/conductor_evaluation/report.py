@@ -122,15 +122,12 @@ def routing(
     grouped: dict[tuple[str, str], list[ItemResult]] = defaultdict(list)
     for r in results:
         grouped[(r.suite, r.strategy)].append(r)
+        grouped[(ALL_SUITES, r.strategy)].append(r)  # read only when the summary pools
     table: dict[str, list[RoutingRow]] = {}
     for suite, rows in summary.items():
         table[suite] = []
         for row in rows:
-            runs = (
-                [r for r in results if r.strategy == row.strategy]
-                if suite == ALL_SUITES
-                else grouped.get((suite, row.strategy), [])
-            )
+            runs = grouped.get((suite, row.strategy), [])
             if not runs:
                 continue  # the oracle: made of other strategies' runs
             n = len(runs)
