@@ -19,6 +19,9 @@ STEP_OVERHEAD_CHARS = 70
 PLAN_OVERHEAD_CHARS = 40
 MAX_TEXT_CHARS = 600
 MIN_TEXT_CHARS = 40
+# The reasoning is asked to be short: twice the longest example's (151 characters). A small
+# model that loops inside it otherwise writes up to the step limit, ~2 s of tokens on 2 cores.
+MAX_REASONING_CHARS = 300
 
 
 def text_limits(max_tokens: int, max_steps: int) -> tuple[int, int]:
@@ -27,7 +30,7 @@ def text_limits(max_tokens: int, max_steps: int) -> tuple[int, int]:
     tokens. Without this a small model that rambles up to every maxLength is cut off
     mid-JSON, and the output, though constrained, does not parse."""
     budget = max_tokens - PLAN_OVERHEAD_CHARS - STEP_OVERHEAD_CHARS * max_steps
-    reasoning = max(MIN_TEXT_CHARS, min(MAX_TEXT_CHARS, budget // 4))
+    reasoning = max(MIN_TEXT_CHARS, min(MAX_REASONING_CHARS, budget // 4))
     subtask = max(MIN_TEXT_CHARS, min(MAX_TEXT_CHARS, (budget - reasoning) // max(1, max_steps)))
     return reasoning, subtask
 
@@ -39,7 +42,7 @@ def plan_schema(
     conductor_id: int | None = None,
     allow_stop: bool = False,
     max_subtask_chars: int = MAX_TEXT_CHARS,
-    max_reasoning_chars: int = MAX_TEXT_CHARS,
+    max_reasoning_chars: int = MAX_REASONING_CHARS,
 ) -> dict[str, Any]:
     if not worker_ids:
         raise ValueError("a plan schema needs at least one worker id")
