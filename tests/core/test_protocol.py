@@ -24,6 +24,7 @@ from conductor.protocol import (
     validate_plan,
 )
 from conductor.protocol.examples import EXAMPLES
+from conductor.protocol.schema import MAX_REASONING_CHARS
 from conductor.workflow import ALL, Plan, PlanStep, PoolEntry
 
 POOL = [
@@ -442,3 +443,16 @@ def test_the_longest_plan_the_schema_admits_fits_in_max_tokens(
     jsonschema.validate(plan, schema)
     # Then its JSON still fits in the budget, counted one token per character
     assert len(json.dumps(plan, separators=(",", ":"))) <= max_tokens
+
+
+@pytest.mark.parametrize("max_tokens", [2048, 8192])
+def test_the_reasoning_stays_short_whatever_the_budget(max_tokens: int) -> None:
+    # A large budget (conductor-ultra has 2048) raises the subtask limit, never the reasoning's,
+    # which still leaves room for the longest example's reasoning and as much again, nearly
+    reasoning, _ = text_limits(max_tokens, 5)
+    longest_example = max(len(example.reasoning) for example in EXAMPLES)
+    assert reasoning == MAX_REASONING_CHARS >= 1.9 * longest_example
+    assert plan_schema(worker_ids=[0], max_steps=1)["properties"]["reasoning"] == {
+        "type": "string",
+        "maxLength": MAX_REASONING_CHARS,
+    }

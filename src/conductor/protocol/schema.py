@@ -19,7 +19,7 @@ STEP_OVERHEAD_CHARS = 70
 PLAN_OVERHEAD_CHARS = 40
 MAX_TEXT_CHARS = 600
 MIN_TEXT_CHARS = 40
-# The reasoning is asked to be short: twice the longest example's (151 characters). A small
+# The reasoning is asked to be short: about twice the longest example's (151 characters). A small
 # model that loops inside it otherwise writes up to the step limit, ~2 s of tokens on 2 cores.
 MAX_REASONING_CHARS = 300
 
