@@ -20,14 +20,27 @@ pytest_plugins = ["fakes.fixtures", "fakes.brokers"]
 DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 COSTLY = ("model", "training", "processes", "slow")
 
+# Under pytest-xdist (``-n 2``) each worker is a process that may run a llama.cpp engine or
+# torch at the same time as the other: engines that each spin two threads on 2 cores slow
+# each other down many times over, so each takes one thread. Set before anything imports
+# torch; subprocesses the tests start inherit both.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER is not None:
+    os.environ.setdefault("CONDUCTOR_LLAMACPP_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _test_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Caches (the llama.cpp prompt cache, dequantised models) go to the test session's
     directory, never the user's, and are shared by the session's tests; subprocesses inherit
-    the variable. Session-scoped so it is set before any module's fixtures load a model."""
+    the variable. Session-scoped so it is set before any module's fixtures load a model. The
+    xdist workers of one run share it (its files are written under temporary names, then
+    renamed), so the built-in model is dequantised once per run, not once per worker."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if XDIST_WORKER is not None else base
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg-cache"))
+        patch.setenv("XDG_CACHE_HOME", str(shared / "xdg-cache"))
         yield
 
 
