@@ -29,6 +29,7 @@ from conductor.pool import Provider, WorkerSpec
 from conductor.ports import ChatWorker, PlanFormat, PlannerBackend
 from conductor.streaming import collect_stream
 from conductor_adapters.http_wire import retry_after_s
+from conductor_adapters.settings import Settings
 from conductor_gateway.providers.openai import OpenAICompatibleWorker
 from conductor_planner.backends.openai import OpenAIPlannerBackend
 
@@ -317,7 +318,8 @@ def llama_server_url() -> Iterator[str]:
     params.model.path = str(gguf.locate())
     params.n_ctx = 2048
     params.n_parallel = 1
-    params.cpuparams.n_threads = 2
+    # The threads the engines of this run take (one each under pytest-xdist).
+    params.cpuparams.n_threads = Settings().llamacpp_threads
     params.verbosity = -1
     server = xllamacpp.Server(params)
     # llama.cpp serves the OpenAI routes under /v1 (and unprefixed): base_url ends in /v1.
@@ -329,7 +331,10 @@ def llama_server_url() -> Iterator[str]:
 async def test_real_llamacpp_server_answers_worker_and_structured_planner(
     llama_server_url: str, make_worker: Factory
 ) -> None:
-    worker = make_worker(llama_server_url, provider=Provider.OPENAI_COMPATIBLE, api_key_env=None)
+    # A real model on a shared machine: the deadline is for a stuck server, not for its speed.
+    worker = make_worker(
+        llama_server_url, provider=Provider.OPENAI_COMPATIBLE, api_key_env=None, timeout_s=120.0
+    )
     planner = OpenAIPlannerBackend(base_url=llama_server_url, model="smollm2", structured=True)
     try:
         answer = await worker.complete(
