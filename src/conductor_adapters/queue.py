@@ -138,3 +138,37 @@ def broker_watch(settings: BrokerSettings) -> RedisBrokerWatch | None:
     if not url.startswith(("redis://", "rediss://")):
         return None
     return RedisBrokerWatch(url, settings.redis_prefix)
+
+
+def queue_depths(app: Celery, queues: list[str]) -> dict[str, int]:
+    """Messages waiting in each of ``queues`` (not those a consumer holds unacknowledged).
+
+    RabbitMQ answers a passive declare. kombu's Redis transport counts its lists (every
+    priority) with ``_size``: its passive declare asks whether the queue exists without the
+    global key prefix, so with a prefix it says no queue exists at all. A queue that does not
+    exist yet holds nothing."""
+    depths: dict[str, int] = {}
+    with app.connection_for_read() as connection:
+        for queue in queues:
+            channel: Any = connection.channel()  # kombu types it as StdChannel, sans declare
+            try:
+                size = getattr(channel, "_size", None)
+                if size is not None:
+                    depths[queue] = int(size(queue))
+                else:
+                    declared = channel.queue_declare(queue=queue, passive=True)
+                    depths[queue] = int(declared.message_count)
+            except Exception as exc:  # RabbitMQ closes the channel: 404 NOT_FOUND
+                if getattr(exc, "code", None) != 404 and "NOT_FOUND" not in str(exc):
+                    raise
+                depths[queue] = 0
+            finally:
+                _close_quietly(channel)
+    return depths
+
+
+def _close_quietly(channel: Any) -> None:
+    try:
+        channel.close()
+    except Exception:  # a channel RabbitMQ closed on a missing queue is closed already
+        return

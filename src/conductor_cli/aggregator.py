@@ -28,17 +28,27 @@ def aggregator(
     """
     from celery.signals import worker_ready, worker_shutdown
 
-    from conductor.messaging import AGGREGATOR_QUEUE
+    from conductor.messaging import AGGREGATOR_QUEUE, queue_for
+    from conductor_adapters.metrics_server import start_metrics_server
+    from conductor_adapters.queue import queue_depths
     from conductor_adapters.settings import get_settings
     from conductor_aggregator.celery_app import Sweeper, shutdown
+    from conductor_aggregator.metrics import AggregatorMetrics, BacklogPoller
     from conductor_aggregator.settings import AggregatorSettings
     from conductor_cli.celery_worker import run_worker
-    from conductor_cli.wiring import aggregator_celery
+    from conductor_cli.wiring import aggregator_celery, redis_answers
 
     settings = AggregatorSettings.load()
-    app = aggregator_celery(get_settings(), settings)
-    app.conf.aggregator_get()  # connect now: a bad database or pool fails here, clearly
+    metrics = AggregatorMetrics()
+    app = aggregator_celery(get_settings(), settings, metrics)
+    aggregator = app.conf.aggregator_get()  # connect now: a bad database or pool fails here
     sweeper = Sweeper(app.conf.aggregator_get, settings.sweep_interval_s)
+    port = get_settings().metrics_port
+    server = start_metrics_server(metrics.registry, port, ready=redis_answers(settings.redis_url))
+    poller: BacklogPoller | None = None
+    if server is not None:
+        gateway_queues = sorted({queue_for(w) for w in aggregator.pool.workers})
+        poller = BacklogPoller(lambda: queue_depths(app, gateway_queues), metrics.backlog)
     argv = [
         "worker",
         "--pool=threads",
@@ -52,6 +62,8 @@ def aggregator(
 
     def announce(**_: object) -> None:
         sweeper.start()
+        if poller is not None:
+            poller.start()
         # Printed at any log level: scripts and tests wait for this line.
         line = f"conductor aggregator: ready, consuming {AGGREGATOR_QUEUE}"
         print(line, file=sys.stderr, flush=True)
@@ -62,6 +74,10 @@ def aggregator(
         code = run_worker(app, argv)
     finally:
         sweeper.stop()
+        if poller is not None:
+            poller.stop()
+        if server is not None:
+            server.stop()
         shutdown(app)
     if code:
         raise typer.Exit(code)

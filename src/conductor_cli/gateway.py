@@ -30,14 +30,20 @@ def gateway(
     from celery.signals import worker_ready
 
     from conductor.messaging import queue_for
+    from conductor_adapters.metrics_server import start_metrics_server
     from conductor_adapters.settings import get_settings, load_pool
     from conductor_cli.celery_worker import run_worker
-    from conductor_cli.wiring import gateway_celery
+    from conductor_cli.wiring import gateway_celery, redis_answers
     from conductor_gateway.celery_app import shutdown
+    from conductor_gateway.metrics import GatewayMetrics
     from conductor_gateway.settings import GatewaySettings
 
     settings = GatewaySettings.load()
-    app = gateway_celery(get_settings())
+    metrics = GatewayMetrics()
+    app = gateway_celery(get_settings(), metrics)
+    server = start_metrics_server(
+        metrics.registry, get_settings().metrics_port, ready=redis_answers(settings.redis_url)
+    )
     if queues is None:
         pool = load_pool(get_settings())
         queues = ",".join(sorted({queue_for(w) for w in pool.available()}))
@@ -61,5 +67,7 @@ def gateway(
         code = run_worker(app, argv)
     finally:
         shutdown(app)
+        if server is not None:
+            server.stop()
     if code:
         raise typer.Exit(code)

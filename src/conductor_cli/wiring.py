@@ -38,11 +38,13 @@ from conductor_planner.backends import create_backend
 if TYPE_CHECKING:
     from celery import Celery
 
+    from conductor_aggregator.metrics import AggregatorMetrics
     from conductor_aggregator.service import Aggregator
     from conductor_aggregator.settings import AggregatorSettings
     from conductor_api.distributed import DistributedWorkflows
     from conductor_api.embedded import EmbeddedWorkflows
     from conductor_evaluation.runner import EvalRuntime
+    from conductor_gateway.metrics import GatewayMetrics
 
 
 def secret_variables(pool: Pool, settings: Settings) -> list[str]:
@@ -159,7 +161,7 @@ def embedded_api_service(runtime: EmbeddedRuntime, settings: Settings) -> Embedd
 # -- the distributed roles --------------------------------------------------------------------
 
 
-def gateway_celery(settings: Settings) -> Celery:
+def gateway_celery(settings: Settings, metrics: GatewayMetrics | None = None) -> Celery:
     """The gateway role's Celery app; its process (Redis client, workers) is built on the first
     task, in the worker process."""
     from conductor_gateway.celery_app import GatewayProcess, create_celery
@@ -169,22 +171,30 @@ def gateway_celery(settings: Settings) -> Celery:
 
     def build() -> GatewayProcess:
         pool = load_pool(settings)
-        return GatewayProcess(gateway_settings, pool, workers_for(pool, settings))
+        return GatewayProcess(gateway_settings, pool, workers_for(pool, settings), metrics)
 
     return create_celery(gateway_settings, build)
 
 
-def aggregator_celery(settings: Settings, aggregator_settings: AggregatorSettings) -> Celery:
+def aggregator_celery(
+    settings: Settings,
+    aggregator_settings: AggregatorSettings,
+    metrics: AggregatorMetrics | None = None,
+) -> Celery:
     """The aggregator role's Celery app; the aggregator is built on first use."""
     from conductor_aggregator.celery_app import create_aggregator_celery
 
     return create_aggregator_celery(
-        aggregator_settings, lambda app: build_aggregator(aggregator_settings, settings, app)
+        aggregator_settings,
+        lambda app: build_aggregator(aggregator_settings, settings, app, metrics),
     )
 
 
 def build_aggregator(
-    aggregator_settings: AggregatorSettings, settings: Settings, app: Celery
+    aggregator_settings: AggregatorSettings,
+    settings: Settings,
+    app: Celery,
+    metrics: AggregatorMetrics | None = None,
 ) -> Aggregator:
     """The production aggregator: PostgreSQL (waited for, its schema checked), the gRPC
     planner, Redis for event notices."""
@@ -215,6 +225,7 @@ def build_aggregator(
         redis_prefix=aggregator_settings.redis_prefix,
         planner_timeout_s=timeout_s,
         broker_watch=broker_watch(aggregator_settings),
+        metrics=metrics,
     )
 
 
@@ -266,3 +277,11 @@ async def open_eval_runtime(
             raise
         runtime.planner = ConductorPlanner(runtime.backend, router=router)
     return runtime
+
+
+def redis_answers(url: str) -> Callable[[], bool]:
+    """A readiness check: Redis (quotas, replies, event notices) answers a PING within 2 s."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    return lambda: bool(client.ping())

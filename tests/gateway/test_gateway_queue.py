@@ -12,9 +12,11 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 import redis.asyncio as aioredis
+from prometheus_client.parser import text_string_to_metric_families
 
 from conductor.chat import ChatMessage
 from conductor.errors import StepCallFailed
@@ -302,3 +304,69 @@ def test_replies_to_an_in_process_caller_leave_in_the_order_they_came(
     assert all(item is not None for item in popped)
     order = [CallReply.model_validate_json(item[1]).call_id for item in popped if item]
     assert order == [f"call-{n}" for n in range(5)]
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a Prometheus exposition, by name and sorted labels."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+async def test_a_gateway_serves_metrics_that_count_calls_held_for_quota_as_in_flight(
+    env: dict[str, str], runner: QueuedStepRunner, tmp_path: Path
+) -> None:
+    # Given a gateway with its metrics port, and a worker that may run 2 calls at once
+    port = free_port()
+    gateway = start_gateway(
+        {**env, "CONDUCTOR_METRICS_PORT": str(port)},
+        tmp_path / "gateway.log",
+        queues=QUEUE,
+        concurrency=20,
+    )
+    in_flight_key = ("conductor_gateway_calls_in_flight", (("queue", QUEUE),))
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            # When 6 calls arrive at once, and the metrics are read while they run
+            calls = [asyncio.create_task(runner.call("limited", _question(n))) for n in range(6)]
+            peak = 0.0
+            while not all(call.done() for call in calls):
+                scraped = _samples((await http.get("/metrics")).text)
+                peak = max(peak, scraped.get(in_flight_key, 0.0))
+                await asyncio.sleep(0.05)
+            await asyncio.gather(*calls)
+            metrics = await http.get("/metrics")
+            health, ready = await http.get("/healthz"), await http.get("/readyz")
+    finally:
+        gateway.stop()
+
+    # Then the calls waiting for quota counted as held by the gateway, not as queued: more
+    # than the 2 the worker may run at once were in flight at the peak, none at the end
+    samples = _samples(metrics.text)
+    assert peak > CONCURRENCY
+    assert samples[in_flight_key] == 0
+    # And each call is counted once, with its tokens, duration and quota wait
+    ok = (("outcome", "ok"), ("queue", QUEUE), ("status", ""), ("worker", "limited"))
+    assert samples[("conductor_gateway_calls_total", ok)] == 6
+    for kind in ("input", "output"):
+        labels = (
+            ("gen_ai_provider_name", "openai-compatible"),
+            ("gen_ai_token_type", kind),
+            ("worker", "limited"),
+        )
+        assert samples[("gen_ai_client_token_usage_count", labels)] == 6
+        assert samples[("gen_ai_client_token_usage_sum", labels)] > 0
+    duration = (
+        ("gen_ai_provider_name", "openai-compatible"),
+        ("gen_ai_request_model", "fake-model"),
+        ("outcome", "ok"),
+        ("worker", "limited"),
+    )
+    assert samples[("gen_ai_client_operation_duration_seconds_count", duration)] == 6
+    assert samples[("gen_ai_client_operation_duration_seconds_sum", duration)] >= 6 * 0.3
+    wait = (("worker", "limited"),)
+    assert samples[("conductor_gateway_quota_wait_seconds_count", wait)] == 6
+    assert samples[("conductor_gateway_quota_wait_seconds_sum", wait)] > 0
+    assert (health.status_code, ready.status_code) == (200, 200)

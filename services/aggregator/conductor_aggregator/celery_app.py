@@ -54,31 +54,42 @@ def register_aggregator_tasks(
     """Add the aggregator's tasks to ``app``; ``build`` makes the aggregator on first use."""
     aggregator = OnFirstUse(lambda: build(app))
 
-    def run(task: Task[Any, Any], work: Callable[[], None]) -> None:
+    def count(kind: str, outcome: str) -> None:
+        metrics = aggregator().metrics
+        if metrics is not None:
+            metrics.messages.labels(kind, outcome).inc()
+
+    def run(task: Task[Any, Any], kind: str, work: Callable[[], None]) -> None:
         try:
             work()
         except INFRA_ERRORS as exc:
+            count(kind, "retried")
             logger.warning("%s: %s; the message is re-queued", task.name, exc)
             raise task.retry(exc=exc, countdown=2, max_retries=INFRA_RETRIES) from exc
+        count(kind, "ok")
 
     # shared=False: Celery otherwise adds every task to each app created later in the
     # process (a test process builds several apps; each must hold only its own tasks).
     @app.task(name=START_WORKFLOW_TASK, shared=False, bind=True)
     def start_workflow(self: Task[Any, Any], workflow_id: str) -> None:
         parsed = _workflow_id(workflow_id)
-        if parsed is not None:
-            run(self, lambda: aggregator().start(parsed))
+        if parsed is None:
+            count("start", "dropped")
+        else:
+            run(self, "start", lambda: aggregator().start(parsed))
 
     @app.task(name=PLAN_ROUND_TASK, shared=False, bind=True)
     def plan_round(self: Task[Any, Any], workflow_id: str, round_no: int) -> None:
         parsed = _workflow_id(workflow_id)
         if parsed is None:
+            count("plan", "dropped")
             return
         tries = self.request.retries
         final = tries >= settings.planner_retries
         try:
-            run(self, lambda: aggregator().plan(parsed, round_no, final_try=final))
+            run(self, "plan", lambda: aggregator().plan(parsed, round_no, final_try=final))
         except PlannerError as exc:  # retryable, and not the final try
+            count("plan", "retried")
             delay = min(2.0**tries, 30.0)
             logger.warning("planning %s: %s; trying again in %g s", workflow_id, exc, delay)
             retries = settings.planner_retries
@@ -90,8 +101,9 @@ def register_aggregator_tasks(
             parsed = CallReply.model_validate(reply)
         except ValidationError as exc:
             logger.error("dropping a malformed step result: %s", exc)
+            count("step_result", "dropped")
             return
-        run(self, lambda: aggregator().step_result(parsed))
+        run(self, "step_result", lambda: aggregator().step_result(parsed))
 
     app.conf.aggregator_get = aggregator
 

@@ -65,6 +65,7 @@ from conductor_adapters.store.runs import (
     send_start,
 )
 from conductor_adapters.store.traces import TraceWrites
+from conductor_aggregator.metrics import AggregatorMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,7 @@ class Aggregator:
         redis_prefix: str = "conductor:",
         planner_timeout_s: float = 300.0,
         broker_watch: RedisBrokerWatch | None = None,
+        metrics: AggregatorMetrics | None = None,
     ) -> None:
         if engine.dialect.name != "postgresql":
             raise ConfigurationError(
@@ -120,6 +122,7 @@ class Aggregator:
         self.redis_prefix = redis_prefix
         self.planner_timeout_s = planner_timeout_s
         self.broker_watch = broker_watch
+        self.metrics = metrics
 
     def close(self) -> None:
         aclose = getattr(self.planner, "aclose", None)
@@ -211,6 +214,8 @@ class Aggregator:
 
         for workflow_id in due:
             self._change(workflow_id, expire)
+        if self.metrics is not None and due:
+            self.metrics.sweeps.labels("deadline").inc(len(due))
         return len(due)
 
     def resend_lost(self, now: datetime | None = None) -> int:
@@ -232,6 +237,8 @@ class Aggregator:
 
         for workflow_id in active:
             self._change(workflow_id, resend)
+        if self.metrics is not None and active:
+            self.metrics.sweeps.labels("resent").inc(len(active))
         return len(active)
 
     # -- one transaction per message --------------------------------------------------------
@@ -266,6 +273,8 @@ class Aggregator:
             events = machine.take_events()
             self.writes.for_events(machine.result, events)(conn)
             save_run(conn, workflow_id, machine.state)
+        if self.metrics is not None:  # committed: counted once
+            self.metrics.record(machine.result, events)
         self._announce(workflow_id, [e for e in events if e.sequence])
 
     def _send(self, workflow_id: uuid.UUID, action: Action) -> None:

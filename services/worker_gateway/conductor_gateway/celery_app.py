@@ -28,12 +28,14 @@ from conductor.messaging import (
     CallReply,
     CallRequest,
     ended_channel,
+    queue_for,
 )
 from conductor.pool import Pool
 from conductor.ports import ChatWorker
 from conductor_adapters.loop_thread import LoopThread
 from conductor_adapters.queue import OnFirstUse, new_celery_app
 from conductor_gateway.gateway import WorkerGateway
+from conductor_gateway.metrics import GatewayMetrics
 from conductor_gateway.quotas_redis import RedisQuotas
 from conductor_gateway.settings import GatewaySettings
 
@@ -54,15 +56,22 @@ class GatewayProcess:
     """What one gateway process holds: the event loop thread, the gateway, a Redis client."""
 
     def __init__(
-        self, settings: GatewaySettings, pool: Pool, workers: Mapping[str, ChatWorker]
+        self,
+        settings: GatewaySettings,
+        pool: Pool,
+        workers: Mapping[str, ChatWorker],
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.settings = settings
+        self.metrics = metrics
         self.loop = LoopThread("conductor-gateway-loop")
         self.redis: aioredis.Redis = self.loop.run(self._connect())
         quotas = RedisQuotas(
             self.redis, prefix=settings.redis_prefix, config=settings.quota_config()
         )
-        self.gateway = WorkerGateway(pool, workers, quotas=quotas, policy=settings.retry_policy())
+        self.gateway = WorkerGateway(
+            pool, workers, quotas=quotas, policy=settings.retry_policy(), metrics=metrics
+        )
         # One script rather than a MULTI pipeline: redis-py builds each pipeline object at a
         # cost that showed in variants at hundreds of replies a second.
         self._push_reply = self.redis.register_script(PUSH_REPLY)
@@ -116,6 +125,17 @@ class GatewayProcess:
         return reply
 
     async def _call(self, request: CallRequest) -> CallReply:
+        spec = next((w for w in self.gateway.pool.workers if w.name == request.worker), None)
+        if self.metrics is None or spec is None:  # an unknown worker fails at once, uncounted
+            return await self._call_counted(request)
+        in_flight = self.metrics.in_flight.labels(queue_for(spec))
+        in_flight.inc()
+        try:
+            return await self._call_counted(request)
+        finally:
+            in_flight.dec()
+
+    async def _call_counted(self, request: CallRequest) -> CallReply:
         base = {"call_id": request.call_id, "context": request.context}
         workflow_id = request.context.workflow_id if request.context is not None else None
         task = asyncio.current_task()

@@ -28,6 +28,7 @@ from conductor.pool import Pool, WorkerSpec
 from conductor.ports import ChatWorker, StepCallResult
 from conductor.streaming import collect_stream
 from conductor.workflow import AttemptRecord, attempts_total
+from conductor_gateway.metrics import GatewayMetrics
 from conductor_gateway.quotas import MemoryQuotas, QuotaStore, estimate_tokens
 from conductor_gateway.retry import RetryPolicy
 
@@ -48,11 +49,13 @@ class WorkerGateway:
         *,
         quotas: QuotaStore | None = None,
         policy: RetryPolicy | None = None,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.pool = pool
         self.workers = dict(workers)
         self.quotas: QuotaStore = quotas if quotas is not None else MemoryQuotas()
         self.policy = policy or RetryPolicy()
+        self.metrics = metrics
 
     @classmethod
     def in_process(cls, pool: Pool, workers: Mapping[str, ChatWorker]) -> WorkerGateway:
@@ -92,6 +95,8 @@ class WorkerGateway:
             if name not in self.workers:
                 errors.append(f"{name}: not callable here")
                 continue
+            if name != worker and self.metrics is not None:
+                self.metrics.fallback(self.pool.get(name))
             try:
                 completion = await self._call_with_retries(self.pool.get(name), messages, attempts)
             except WorkerError as exc:
@@ -114,11 +119,15 @@ class WorkerGateway:
         self, spec: WorkerSpec, messages: Sequence[ChatMessage], attempts: list[AttemptRecord]
     ) -> Completion:
         for tries in range(1, self.policy.max_attempts + 1):
+            made = len(attempts)
             try:
-                return await self._attempt(spec, messages, attempts)
+                completion = await self._attempt(spec, messages, attempts)
             except WorkerError as exc:
+                self._observe(spec, attempts, made)
                 if not self.policy.should_retry(exc, tries):
                     raise
+                if self.metrics is not None:
+                    self.metrics.retry(spec)
                 delay = self.policy.delay_s(exc, tries)
                 logger.info(
                     "worker %s attempt %d failed (%s); retrying in %.2f s",
@@ -128,7 +137,15 @@ class WorkerGateway:
                     delay,
                 )
                 await asyncio.sleep(delay)
+                continue
+            self._observe(spec, attempts, made)
+            return completion
         raise AssertionError("unreachable: the last attempt either returns or raises")
+
+    def _observe(self, spec: WorkerSpec, attempts: list[AttemptRecord], before: int) -> None:
+        """Count the attempt just made, if one was (waiting for a quota can fail first)."""
+        if self.metrics is not None and len(attempts) > before:
+            self.metrics.attempt(spec, attempts[-1])
 
     async def _attempt(
         self, spec: WorkerSpec, messages: Sequence[ChatMessage], attempts: list[AttemptRecord]
