@@ -35,6 +35,7 @@ from conductor_adapters.store.db import make_engine, upgrade
 from conductor_adapters.store.models import attempt_table, event_table, step_table
 from conductor_adapters.store.runs import SubmitRequest, load_run, record_submission
 from conductor_adapters.store.traces import TraceWrites
+from conductor_aggregator.metrics import AggregatorMetrics
 from conductor_aggregator.service import Aggregator
 from conductor_planner import ConductorPlanner
 
@@ -98,8 +99,15 @@ def _aggregator(
         loop=loop,
         pool=POOL,
         writes=TraceWrites("postgresql", POOL),
+        metrics=AggregatorMetrics(),
     )
     return aggregator, app
+
+
+def _metric(aggregator: Aggregator, name: str, **labels: str) -> float:
+    assert aggregator.metrics is not None
+    value = aggregator.metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
 
 
 def _submit(engine: Engine, variant: Variant = BUILTIN_VARIANTS["conductor-ultra"]) -> uuid.UUID:
@@ -184,6 +192,15 @@ def test_every_message_delivered_twice_changes_nothing(engine: Engine, loop: Loo
         "step_finished",
         "completed",
     ]
+    # And its metrics count it once: one valid plan, two steps, one completed workflow
+    workflow = {"variant": "conductor-ultra", "outcome": "completed"}
+    assert _metric(aggregator, "conductor_workflows_total", **workflow) == 1
+    assert _metric(aggregator, "conductor_workflow_duration_seconds_count", **workflow) == 1
+    assert _metric(aggregator, "conductor_plans_total", valid="true") == 1
+    assert _metric(aggregator, "conductor_planner_call_duration_seconds_count") == 1
+    for worker in ("alpha", "beta"):
+        step = {"worker": worker, "outcome": "succeeded"}
+        assert _metric(aggregator, "conductor_step_duration_seconds_count", **step) == 1
 
 
 def test_an_answer_the_database_cannot_store_fails_the_workflow_once(
@@ -296,6 +313,10 @@ def test_the_workflow_deadline_fails_a_workflow_waiting_on_its_plan(
     # The plan that arrives afterwards changes nothing
     aggregator.plan(workflow_id, app.take(PLAN_ROUND_TASK)[0][1])
     assert app.sent == []
+    failed = {"variant": "conductor-ultra", "outcome": "failed"}
+    assert _metric(aggregator, "conductor_workflows_total", **failed) == 1
+    assert _metric(aggregator, "conductor_sweeper_actions_total", action="deadline") == 1
+    assert _metric(aggregator, "conductor_plans_total", valid="true") == 0
 
 
 def test_a_lost_start_message_is_sent_again(engine: Engine, loop: LoopThread) -> None:
