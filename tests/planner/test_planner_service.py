@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 from grpc_reflection.v1alpha import (  # type: ignore[import-untyped]
@@ -453,10 +454,12 @@ async def test_the_planner_process_serves_then_drains_on_sigterm(
 ) -> None:
     # given: `conductor planner` on the openai backend, pointed at the fake server
     fake_openai.responder = lambda _messages: GOOD_OUTPUT
+    metrics_url = f"http://127.0.0.1:{free_port()}"
     env = {
         "CONDUCTOR_PLANNER_BACKEND": "openai",
         "CONDUCTOR_PLANNER_BASE_URL": fake_openai.base_url,
         "CONDUCTOR_PLANNER_MODEL": "conductor-fake",
+        "CONDUCTOR_METRICS_PORT": metrics_url.rpartition(":")[2],
     }
     process = await PlannerProcess(env, "--grace", "5").start()
     try:
@@ -469,6 +472,9 @@ async def test_the_planner_process_serves_then_drains_on_sigterm(
 
             # when
             outcome = await client.plan(_request())
+            async with httpx.AsyncClient(base_url=metrics_url) as http:
+                ready = (await http.get("/readyz")).status_code
+                metrics = (await http.get("/metrics")).text
             process.terminate()
             signalled = time.perf_counter()
             after_signal = await asyncio.wait_for(watch.read(), 5)
@@ -481,6 +487,12 @@ async def test_the_planner_process_serves_then_drains_on_sigterm(
         assert outcome.backend == "openai"
         assert outcome.plan.model_ids == [0, 1]
         assert fake_openai.last_request.json["model"] == "conductor-fake"
+        # and its metrics port said it was ready and counted the plan
+        assert ready == 200
+        assert 'conductor_planner_plans_total{backend="openai",valid="true"} 1.0' in metrics
+        assert 'conductor_planner_tokens_total{backend="openai",kind="prompt"}' in metrics
+        duration = 'gen_ai_server_request_duration_seconds_count{backend="openai",outcome="ok"}'
+        assert f"{duration} 1.0" in metrics
         assert after_signal.status == NOT_SERVING
         assert code == 0, process.log()
         assert time.perf_counter() - signalled < 5

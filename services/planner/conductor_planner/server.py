@@ -13,6 +13,7 @@ import logging
 import math
 import signal
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -24,11 +25,13 @@ from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 from conductor.errors import ConductorError, ConfigurationError, InvalidRequest, WorkerError
 from conductor.ports import PlannerBackend, PlanRequest
 from conductor.variants import MAX_STEPS_LIMIT
+from conductor_adapters.metrics_server import start_metrics_server
 from conductor_adapters.rpc.planner_client import CHANNEL_OPTIONS, PLANNER_SERVICE
 from conductor_adapters.rpc.planner_wire import outcome_to_proto, request_from_proto
 from conductor_adapters.rpc.v1 import planner_pb2, planner_pb2_grpc
 from conductor_adapters.settings import Settings
 from conductor_planner.backends import create_backend
+from conductor_planner.metrics import PlannerMetrics
 from conductor_planner.planner import ConductorPlanner, load_router
 
 log = logging.getLogger(__name__)
@@ -88,8 +91,12 @@ async def _abort(context: Any, code: Any, details: str) -> NoReturn:
 class PlannerServicer(planner_pb2_grpc.PlannerServicer):  # type: ignore[misc]
     """``conductor.v1.Planner``; ``planner`` is None until the backend has loaded."""
 
-    def __init__(self, planner: ConductorPlanner | None = None) -> None:
+    def __init__(
+        self, planner: ConductorPlanner | None = None, metrics: PlannerMetrics | None = None
+    ) -> None:
         self.planner = planner
+        self.metrics = metrics
+        self.backend_name = "unknown"  # set when the backend has loaded
 
     async def Plan(self, request: Any, context: Any) -> Any:
         planner = self.planner
@@ -104,18 +111,27 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):  # type: ignore[misc]
         problems = request_problems(plan_request)
         if problems:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "; ".join(problems))
+        started = time.perf_counter()
         try:
             outcome = await planner.plan(plan_request)
         except WorkerError as exc:  # the backend's model server (openai backend) failed
+            self._failed(started)
             log.warning("planner backend failed: %s", exc)
             code = grpc.StatusCode.UNAVAILABLE if exc.retryable else grpc.StatusCode.INTERNAL
             await _abort(context, code, f"planner backend failed: {exc}")
         except Exception as exc:
+            self._failed(started)
             log.exception("Plan failed")
             await _abort(
                 context, grpc.StatusCode.INTERNAL, f"planner failed: {type(exc).__name__}: {exc}"
             )
+        if self.metrics is not None:
+            self.metrics.plan(outcome, time.perf_counter() - started)
         return planner_pb2.PlanResponse(call=outcome_to_proto(outcome))
+
+    def _failed(self, started: float) -> None:
+        if self.metrics is not None:
+            self.metrics.failure(self.backend_name, time.perf_counter() - started)
 
 
 @dataclass
@@ -160,6 +176,7 @@ class PlannerServer:
         else:
             self.backend = backend
             self.servicer.planner = ConductorPlanner(backend, router=router)
+            self.servicer.backend_name = backend.name
             for name in HEALTH_NAMES:  # ignored once a graceful shutdown has begun
                 await self.health.set(name, SERVING)
         finally:
@@ -186,13 +203,14 @@ async def start_planner_server(
     *,
     backend_factory: BackendFactory | None = None,
     grace_s: float = DEFAULT_GRACE_S,
+    metrics: PlannerMetrics | None = None,
 ) -> PlannerServer:
     """Listen on host:port (0 picks a free port) and start loading the backend in a thread.
 
     Returns at once; ``wait_loaded()`` waits for the backend, ``stop()`` shuts down.
     """
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    servicer = PlannerServicer()
+    servicer = PlannerServicer(metrics=metrics)
     planner_pb2_grpc.add_PlannerServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     for name in HEALTH_NAMES:
@@ -228,8 +246,13 @@ async def serve(
     the backend cannot load.
     """
     name = settings.planner_backend if backend_factory is None else "custom"
+    metrics = PlannerMetrics()
     planner = await start_planner_server(
-        settings, host, port, backend_factory=backend_factory, grace_s=grace_s
+        settings, host, port, backend_factory=backend_factory, grace_s=grace_s, metrics=metrics
+    )
+    # Ready once the model has loaded, as the gRPC health service says.
+    metrics_server = start_metrics_server(
+        metrics.registry, settings.metrics_port, ready=lambda: planner.servicer.planner is not None
     )
     _say(f"listening on {planner.address}; loading planner backend {name} (NOT_SERVING)")
     stop = asyncio.Event()
@@ -255,6 +278,8 @@ async def serve(
         for task in (stopping, loading):
             task.cancel()
         await planner.stop()
+        if metrics_server is not None:
+            metrics_server.stop()
         for number in signals:
             loop.remove_signal_handler(number)
         _say("stopped")
