@@ -650,6 +650,11 @@ def test_health_readiness_metrics_and_openapi(api: Api) -> None:
     assert ready.json()["status"] == "ready"
     assert 'route="/v1/chat/completions",status="200"' in metrics.text
     assert "conductor_workflows_submitted_total" in metrics.text
+    # The completion's workflow, its tokens and cost, by tenant and variant
+    mini = 'variant="conductor-mini"'
+    assert f'conductor_api_workflows_total{{outcome="completed",{mini}}} 1.0' in metrics.text
+    assert f'conductor_api_tokens_total{{kind="prompt",tenant="acme",{mini}}}' in metrics.text
+    assert f'conductor_api_cost_usd_total{{tenant="acme",{mini}}}' in metrics.text
     paths = schema.json()["paths"]
     assert {
         "/v1/chat/completions",

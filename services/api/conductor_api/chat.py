@@ -180,10 +180,11 @@ async def chat_completions(
     if body.stream:
         chunks = _Chunks(completion_id, body.model, created)
         stream = _workflow_stream(
-            service, caller.tenant, workflow_id, chunks, include_usage, timeout_s
+            service, metrics, caller.tenant, workflow_id, chunks, include_usage, timeout_s
         )
         return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
     view = await _outcome(service, workflow_id, caller.tenant, timeout_s)
+    metrics.workflow(caller.tenant, view)
     if view.status != "completed":
         raise _workflow_failed(view)
     usage = openai_usage(view.usage)
@@ -226,6 +227,7 @@ async def _outcome(
 
 async def _workflow_stream(
     service: WorkflowService,
+    metrics: ApiMetrics,
     tenant: str,
     workflow_id: uuid.UUID,
     chunks: _Chunks,
@@ -247,6 +249,8 @@ async def _workflow_stream(
         yield DONE
         return
     view = await asyncio.to_thread(load_workflow, service.engine, workflow_id, tenant)
+    if view is not None:
+        metrics.workflow(tenant, view)
     if view is None or view.status != "completed":
         error = _workflow_failed(view) if view else ApiError(404, "workflow not found")
         yield data_line(error_body(error.status, error.message, code=error.code))

@@ -9,6 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from conductor_api.schemas import WorkflowView
+
 
 class ApiMetrics:
     def __init__(self) -> None:
@@ -37,6 +39,34 @@ class ApiMetrics:
             ["worker", "outcome"],
             registry=self.registry,
         )
+
+        self.workflows_ended = Counter(
+            "conductor_api_workflows",
+            "Workflows whose answer the API waited for (chat completions), by variant and "
+            "outcome; every workflow, jobs included, is counted by conductor_workflows_total.",
+            ["variant", "outcome"],
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "conductor_api_tokens",
+            "Tokens of the workflows the API waited for (Conductor and workers), by tenant, "
+            "variant and kind (prompt or completion).",
+            ["tenant", "variant", "kind"],
+            registry=self.registry,
+        )
+        self.cost = Counter(
+            "conductor_api_cost_usd",
+            "What those workflows cost, in US dollars, by tenant and variant.",
+            ["tenant", "variant"],
+            registry=self.registry,
+        )
+
+    def workflow(self, tenant: str, view: WorkflowView) -> None:
+        """A workflow the API waited for has ended (or was found ended)."""
+        self.workflows_ended.labels(view.variant, view.status).inc()
+        self.tokens.labels(tenant, view.variant, "prompt").inc(view.usage.prompt_tokens)
+        self.tokens.labels(tenant, view.variant, "completion").inc(view.usage.completion_tokens)
+        self.cost.labels(tenant, view.variant).inc(view.cost_usd)
 
     def record(self, scope: Scope, status: int, started: float) -> None:
         """One HTTP request answered with ``status``, begun at ``started`` (perf_counter)."""
