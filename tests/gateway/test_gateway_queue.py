@@ -370,3 +370,36 @@ async def test_a_gateway_serves_metrics_that_count_calls_held_for_quota_as_in_fl
     assert samples[("conductor_gateway_quota_wait_seconds_count", wait)] == 6
     assert samples[("conductor_gateway_quota_wait_seconds_sum", wait)] > 0
     assert (health.status_code, ready.status_code) == (200, 200)
+
+
+async def test_a_gateway_stopped_by_sigterm_finishes_its_calls_and_leaves_the_rest_queued(
+    env: dict[str, str], runner: QueuedStepRunner, fake_provider: FakeOpenAIServer, tmp_path: Path
+) -> None:
+    # Given a gateway that runs 2 calls at once, 2 s each, and 5 calls sent to it
+    fake_provider.latency_s = 2.0
+    first = start_gateway(env, tmp_path / "first.log", queues=QUEUE, concurrency=2)
+    calls = [asyncio.create_task(runner.call("open", _question(n))) for n in range(5)]
+    await _until(lambda: len(fake_provider.chat_requests) == 2, timeout_s=30)
+
+    # When it gets SIGTERM (as Kubernetes stops a pod) with 2 calls in flight
+    stopping = time.monotonic()
+    await asyncio.to_thread(first.stop, 60)
+    stopped_after = time.monotonic() - stopping
+    answered_before_restart = sum(call.done() for call in calls)
+
+    # Then it finished both calls before exiting, cleanly, and took no other call with it
+    assert first.process is not None
+    assert first.process.returncode == 0, first.tail()
+    assert answered_before_restart == 2
+    assert stopped_after < 30
+    # And the 3 calls it had not started wait in the queue for the next gateway, which makes
+    # each of them once: 5 calls to the provider in all, none made twice
+    second = start_gateway(env, tmp_path / "second.log", queues=QUEUE, concurrency=2)
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*calls), 60)
+    finally:
+        second.stop()
+    assert sorted(r.text for r in results) == sorted(
+        f"echo: Question number {n}: what is {n} + {n}?" for n in range(5)
+    )
+    assert len(fake_provider.chat_requests) == 5
