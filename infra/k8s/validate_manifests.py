@@ -12,14 +12,14 @@ manifests:
   ignore unknown fields, so every field of the document that the parsed model does not carry
   is reported as an error (extra fields forbidden);
 - a document of any other kind is an error (nothing here may depend on an unchecked CRD);
-- the metric names in PrometheusRule expressions and KEDA Prometheus queries are the
-  contract's (below), with label matchers only on the labels each metric has;
+- the metric names in PrometheusRule expressions and KEDA Prometheus queries are the roles'
+  (below), with label matchers only on the labels each metric has;
 - the gateways and their ScaledObjects agree: each ScaledObject scales an existing gateway
   Deployment that has no replica count of its own, on that gateway's queue, with a target per
   replica equal to the gateway's concurrency; each gateway's grace period exceeds the step
   deadline.
-dashboard: the JSON parses, every panel has a query, every query uses only the contract's
-metrics and labels, and every contract metric has a panel.
+dashboard: the JSON parses, every panel has a query, every query uses only the roles' metrics
+and labels, and every metric has a panel.
 
 Exit status 1 with one line per problem, 0 with a summary.
 """
@@ -37,11 +37,11 @@ from typing import Any
 
 import yaml
 
-# The metric names and labels of the image/manifests contract (issue 20); the API's metrics that
-# the contract calls existing, and the labels the contract leaves out, as docs/metrics.md lists
-# them (the HTTP metrics' labels, the planner's `outcome`).
+# The metrics every role exports, with their kinds and labels, as docs/metrics.md lists them.
+# This script runs without the project installed (in the tools' environment), so the list is
+# written out here; tests/infra/test_metric_names.py holds it equal to the code's registries.
 HISTOGRAM = "histogram"
-CONTRACT_METRICS: dict[str, tuple[str, frozenset[str]]] = {
+METRICS: dict[str, tuple[str, frozenset[str]]] = {
     name: (kind, frozenset(labels))
     for name, kind, labels in [
         # gateway
@@ -134,15 +134,15 @@ STEP_DEADLINE_S = 600
 
 
 def series_of(metric: str) -> tuple[str, frozenset[str]] | None:
-    """The contract metric a series name belongs to (a histogram's _bucket, _sum, _count), and
+    """The metric a series name belongs to (a histogram's _bucket, _sum, _count), and
     the labels a selector on that series may use."""
-    if metric in CONTRACT_METRICS:
-        kind, labels = CONTRACT_METRICS[metric]
+    if metric in METRICS:
+        kind, labels = METRICS[metric]
         return (metric, labels) if kind != HISTOGRAM else None
     for suffix in ("_bucket", "_sum", "_count"):
         base = metric.removesuffix(suffix)
-        if base != metric and base in CONTRACT_METRICS and CONTRACT_METRICS[base][0] == HISTOGRAM:
-            labels = CONTRACT_METRICS[base][1]
+        if base != metric and base in METRICS and METRICS[base][0] == HISTOGRAM:
+            labels = METRICS[base][1]
             return base, labels | {"le"} if suffix == "_bucket" else labels
     return None
 
@@ -159,7 +159,7 @@ def promql_problems(
     expr: str, allowed_extra: dict[str, frozenset[str]]
 ) -> tuple[list[str], set[str]]:
     """Problems with the metric names and label matchers of one PromQL expression, and the
-    contract metrics it uses. A light tokenizer, not a parser: strings, ranges, grouping
+    metrics it uses. A light tokenizer, not a parser: strings, ranges, grouping
     clauses and function names are set aside; every remaining identifier is a series name."""
     problems: list[str] = []
     used: set[str] = set()
@@ -197,9 +197,9 @@ def promql_problems(
         if known is not None:
             used.add(known[0])
         elif ident not in allowed_extra:
-            problems.append(f"metric {ident!r} is not in the contract")
+            problems.append(f"metric {ident!r} is not one the roles export")
     if not used and not any(name in expr for name in allowed_extra):
-        problems.append("no metric of the contract in the expression")
+        problems.append("no metric the roles export in the expression")
     return problems, used
 
 
@@ -471,7 +471,7 @@ def check_dashboard(path: Path) -> int:
         found, metrics = promql_problems(expr, {})
         used |= metrics
         problems += [f"panel {title!r}: {p}" for p in found]
-    missing = sorted(set(CONTRACT_METRICS) - used)
+    missing = sorted(set(METRICS) - used)
     if missing:
         problems.append(f"no panel shows {', '.join(missing)}")
     for line in problems:
@@ -479,8 +479,8 @@ def check_dashboard(path: Path) -> int:
     if problems:
         return 1
     print(
-        f"dashboard: {path.name} parses; {len(queries)} queries use only contract metrics, "
-        f"all {len(CONTRACT_METRICS)} of them"
+        f"dashboard: {path.name} parses; {len(queries)} queries use only the roles' metrics, "
+        f"all {len(METRICS)} of them"
     )
     return 0
 

@@ -285,6 +285,8 @@ async def test_concurrent_requests_run_in_batches_with_the_answers_of_one_at_a_t
     assert generate_calls.sizes == [1] * 6
 
     generate_calls.sizes.clear()
+    told: list[int] = []
+    tiny_backend.on_batch = told.append  # what the planner service's metrics are told
     together = await asyncio.gather(
         *(
             tiny_backend.generate(p, json_schema=None, max_tokens=n, temperature=0.0)
@@ -292,6 +294,7 @@ async def test_concurrent_requests_run_in_batches_with_the_answers_of_one_at_a_t
         )
     )
     assert generate_calls.sizes == [4, 2]  # max_batch_size 4: six requests, two model calls
+    assert told == [4, 2]
     assert generate_calls.most_running == 1
     assert together == alone  # text, usage and finish reason, request by request
     assert len({c.text for c in together}) == len(together)  # each its own answer

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from conductor.workflow import PlanOutcome
 
 PLAN_SECONDS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 class PlannerMetrics:
@@ -33,6 +34,15 @@ class PlannerMetrics:
             "conductor_planner_tokens",
             "Tokens the Conductor read (prompt) and wrote (completion), by backend.",
             ["backend", "kind"],
+            registry=self.registry,
+        )
+
+        self.batch_size = Histogram(
+            "conductor_planner_batch_size",
+            "Plans generated together in one batch, by backend (the transformers backend "
+            "batches itself; llama.cpp and vLLM batch inside their engines, unseen here).",
+            ["backend"],
+            buckets=BATCH_BUCKETS,
             registry=self.registry,
         )
 

@@ -177,6 +177,9 @@ class PlannerServer:
             self.backend = backend
             self.servicer.planner = ConductorPlanner(backend, router=router)
             self.servicer.backend_name = backend.name
+            metrics = self.servicer.metrics
+            if metrics is not None and hasattr(backend, "on_batch"):  # backends that batch
+                backend.on_batch = metrics.batch_size.labels(backend.name).observe
             for name in HEALTH_NAMES:  # ignored once a graceful shutdown has begun
                 await self.health.set(name, SERVING)
         finally:

@@ -27,7 +27,7 @@ import asyncio
 import importlib.util
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -194,6 +194,8 @@ class TransformersPlannerBackend:
         self.prompt_examples = prompt_examples
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        # Told the size of every batch it generates (the planner service's metrics).
+        self.on_batch: Callable[[int], None] | None = None
         self.device = model.device
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
         if not self.eos_token_ids:
@@ -294,6 +296,8 @@ class TransformersPlannerBackend:
                     batcher.wakeup.clear()
                     await batcher.wakeup.wait()
                     continue
+                if self.on_batch is not None:
+                    self.on_batch(len(batch))
                 try:
                     completions = await asyncio.to_thread(self._generate_batch, batch)
                 except Exception as exc:
