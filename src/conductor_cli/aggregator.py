@@ -30,10 +30,11 @@ def aggregator(
 
     from conductor.messaging import AGGREGATOR_QUEUE, queue_for
     from conductor_adapters.metrics_server import start_metrics_server
+    from conductor_adapters.periodic import Periodic
     from conductor_adapters.queue import queue_depths
     from conductor_adapters.settings import get_settings
-    from conductor_aggregator.celery_app import Sweeper, shutdown
-    from conductor_aggregator.metrics import AggregatorMetrics, BacklogPoller
+    from conductor_aggregator.celery_app import shutdown, sweeper
+    from conductor_aggregator.metrics import AggregatorMetrics, backlog_poller
     from conductor_aggregator.settings import AggregatorSettings
     from conductor_cli.celery_worker import run_worker
     from conductor_cli.wiring import aggregator_celery, redis_answers
@@ -42,13 +43,13 @@ def aggregator(
     metrics = AggregatorMetrics()
     app = aggregator_celery(get_settings(), settings, metrics)
     aggregator = app.conf.aggregator_get()  # connect now: a bad database or pool fails here
-    sweeper = Sweeper(app.conf.aggregator_get, settings.sweep_interval_s)
+    sweeping = sweeper(app.conf.aggregator_get, settings.sweep_interval_s)
     port = get_settings().metrics_port
     server = start_metrics_server(metrics.registry, port, ready=redis_answers(settings.redis_url))
-    poller: BacklogPoller | None = None
+    poller: Periodic | None = None
     if server is not None:
         gateway_queues = sorted({queue_for(w) for w in aggregator.pool.workers})
-        poller = BacklogPoller(lambda: queue_depths(app, gateway_queues), metrics.backlog)
+        poller = backlog_poller(lambda: queue_depths(app, gateway_queues), metrics.backlog)
     argv = [
         "worker",
         "--pool=threads",
@@ -61,7 +62,7 @@ def aggregator(
     ]
 
     def announce(**_: object) -> None:
-        sweeper.start()
+        sweeping.start()
         if poller is not None:
             poller.start()
         # Printed at any log level: scripts and tests wait for this line.
@@ -69,11 +70,11 @@ def aggregator(
         print(line, file=sys.stderr, flush=True)
 
     worker_ready.connect(announce, weak=False)
-    worker_shutdown.connect(lambda **_: sweeper.stop(), weak=False)
+    worker_shutdown.connect(lambda **_: sweeping.stop(), weak=False)
     try:
         code = run_worker(app, argv)
     finally:
-        sweeper.stop()
+        sweeping.stop()
         if poller is not None:
             poller.stop()
         if server is not None:

@@ -10,7 +10,6 @@ lost start messages again, so no workflow stays running or queued forever.
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +26,7 @@ from conductor.messaging import (
     STEP_RESULT_TASK,
     CallReply,
 )
+from conductor_adapters.periodic import Periodic
 from conductor_adapters.queue import OnFirstUse, new_celery_app
 from conductor_aggregator.service import Aggregator
 from conductor_aggregator.settings import AggregatorSettings
@@ -116,29 +116,9 @@ def _workflow_id(text: str) -> uuid.UUID | None:
         return None
 
 
-class Sweeper:
-    """A thread that calls ``Aggregator.sweep`` every ``interval_s`` until stopped."""
-
-    def __init__(self, aggregator: Callable[[], Aggregator], interval_s: float) -> None:
-        self._aggregator = aggregator
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="conductor-sweeper", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            try:
-                self._aggregator().sweep()
-            except Exception:  # the next sweep tries again; the error is for the operator
-                logger.exception("sweeping deadlines failed")
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+def sweeper(aggregator: Callable[[], Aggregator], interval_s: float) -> Periodic:
+    """A thread that calls ``Aggregator.sweep`` every ``interval_s`` once started."""
+    return Periodic("conductor-sweeper", lambda: aggregator().sweep(), interval_s)
 
 
 def shutdown(app: Celery) -> None:

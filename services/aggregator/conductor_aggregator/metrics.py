@@ -6,16 +6,13 @@ applied as a no-op by the machine and emits no event, so it is not counted twice
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from conductor.machine import EventKind, MachineEvent
 from conductor.workflow import WorkflowRecord
-
-logger = logging.getLogger(__name__)
+from conductor_adapters.periodic import Periodic
 
 WORKFLOW_SECONDS_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600)
 STEP_SECONDS_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 240, 600)
@@ -100,37 +97,14 @@ class AggregatorMetrics:
                     self.workflow_duration.labels(workflow.variant, outcome).observe(seconds)
 
 
-class BacklogPoller:
+def backlog_poller(
+    read: Callable[[], dict[str, int]], gauge: Gauge, interval_s: float = 5.0
+) -> Periodic:
     """A thread that sets ``conductor_queue_backlog`` from ``read`` every ``interval_s``: the
     gateways' queues as the broker counts them, for an autoscaler that reads Prometheus."""
 
-    def __init__(
-        self, read: Callable[[], dict[str, int]], gauge: Gauge, interval_s: float = 5.0
-    ) -> None:
-        self._read = read
-        self._gauge = gauge
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="conductor-backlog", daemon=True)
+    def poll() -> None:
+        for queue, depth in read().items():
+            gauge.labels(queue).set(depth)
 
-    def start(self) -> BacklogPoller:
-        self._thread.start()
-        return self
-
-    def poll(self) -> None:
-        for queue, depth in self._read().items():
-            self._gauge.labels(queue).set(depth)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                self.poll()
-            except Exception as exc:  # the broker is down: the sweeper and the logs say more
-                logger.warning("cannot read the queues' backlog: %s: %s", type(exc).__name__, exc)
-            if self._stop.wait(self._interval_s):
-                return
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+    return Periodic("conductor-backlog", poll, interval_s, at_start=True)
