@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -143,7 +144,10 @@ class LocalStack:
     aggregators: int = 1
     gateways: int = 1
     gateway_concurrency: int = 100
+    # Each process serves /metrics, /healthz and /readyz on a port of its own (metrics_ports).
+    metrics: bool = False
     processes: list[ServiceProcess] = field(default_factory=list)
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # by process name
 
     def __post_init__(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -159,7 +163,11 @@ class LocalStack:
         ]
 
     def _process(self, role: str, name: str, args: list[str]) -> ServiceProcess:
-        return ServiceProcess(role, args, self.log_dir / f"{name}.log", self.env)
+        env = dict(self.env)
+        if self.metrics:
+            self.metrics_ports[name] = _free_port()
+            env["CONDUCTOR_METRICS_PORT"] = str(self.metrics_ports[name])
+        return ServiceProcess(role, args, self.log_dir / f"{name}.log", env)
 
     def _gateway(self, index: int) -> ServiceProcess:
         args = ["--concurrency", str(self.gateway_concurrency), "--loglevel", "WARNING"]
@@ -216,3 +224,10 @@ class LocalStack:
         process = self._gateway(sum(p.role == "gateway" for p in self.processes))
         self.processes.append(process)
         return process.start()
+
+
+def _free_port() -> int:
+    """A loopback port nothing listens on now (the OS picked it; the process takes it next)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

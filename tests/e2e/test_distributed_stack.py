@@ -15,10 +15,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from celery import Celery
 from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
 from conductor.variants import BUILTIN_VARIANTS, Variant
@@ -113,6 +115,7 @@ def _stack(
         planner_port=free_port(),
         gateways=gateways,
         aggregators=aggregators,
+        metrics=True,
     )
 
 
@@ -218,6 +221,7 @@ def test_fifty_concurrent_workflows_complete_with_consistent_traces(
         ids = _submit(engine, _client(redis_url, redis_prefix), 50)
         _wait_all(engine, ids, stack, timeout_s=180)
         elapsed = time.monotonic() - started
+        metrics = {name: _scrape(port) for name, port in stack.metrics_ports.items()}
     finally:
         stack.stop()
     # Then all completed, and their traces add up
@@ -227,9 +231,63 @@ def test_fifty_concurrent_workflows_complete_with_consistent_traces(
         rounds = conn.execute(
             text("SELECT count(*) FROM step WHERE kind = 'conductor' AND status = 'succeeded'")
         ).scalar()
+        worker_steps = conn.execute(
+            text("SELECT count(*) FROM step WHERE kind = 'worker' AND status = 'succeeded'")
+        ).scalar()
     engine.dispose()
     assert rounds == 25
+    # And every role's metrics port counted what the traces hold: 50 workflows completed, 75
+    # valid plans (50 first rounds and 25 recursions), one provider call per worker step
+    ultra = (("outcome", "completed"), ("variant", "conductor-ultra"))
+    assert _total(metrics, "conductor_workflows_total", ultra, role="aggregator") == 50
+    assert _total(metrics, "conductor_plans_total", (("valid", "true"),), role="aggregator") == 75
+    planner_plans = (("backend", "openai"), ("valid", "true"))
+    assert _total(metrics, "conductor_planner_plans_total", planner_plans, role="planner") == 75
+    calls = sum(
+        value
+        for (name, labels), value in _merged(metrics, role="gateway").items()
+        if name == "conductor_gateway_calls_total" and ("outcome", "ok") in labels
+    )
+    assert calls == worker_steps
+    steps = _total(metrics, "conductor_step_duration_seconds_count", None, role="aggregator")
+    assert steps == worker_steps + rounds  # the Conductor's own steps are steps too
     print(f"50 workflows through the stack in {elapsed:.1f} s")
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _scrape(port: int) -> Samples:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def _merged(metrics: dict[str, Samples], role: str) -> Samples:
+    """The samples of every process of ``role``, added up."""
+    merged: Samples = {}
+    for name, samples in metrics.items():
+        if name.startswith(role):
+            for key, value in samples.items():
+                merged[key] = merged.get(key, 0.0) + value
+    return merged
+
+
+def _total(
+    metrics: dict[str, Samples],
+    name: str,
+    labels: tuple[tuple[str, str], ...] | None,
+    role: str,
+) -> float:
+    """``name`` over every process of ``role``; with ``labels`` None, over every label set."""
+    return sum(
+        value
+        for (sample, sample_labels), value in _merged(metrics, role).items()
+        if sample == name and (labels is None or sample_labels == labels)
+    )
 
 
 def _wait_for(condition: Any, what: str, timeout_s: float = 60.0) -> None:
