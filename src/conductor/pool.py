@@ -224,10 +224,13 @@ class Pool(BaseModel):
                 raise ValueError(f"worker {worker.name!r} names itself as a fallback")
         return self
 
+    def find(self, name: str) -> WorkerSpec | None:
+        return next((worker for worker in self.workers if worker.name == name), None)
+
     def get(self, name: str) -> WorkerSpec:
-        for worker in self.workers:
-            if worker.name == name:
-                return worker
+        worker = self.find(name)
+        if worker is not None:
+            return worker
         known = ", ".join(w.name for w in self.workers) or "none"
         raise ConfigurationError(f"no worker named {name!r} in the pool (known: {known})")
 

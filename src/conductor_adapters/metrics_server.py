@@ -35,7 +35,8 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class MetricsServer:
-    """Serves ``registry`` and the two checks on ``host:port`` from a daemon thread."""
+    """Serves ``registry`` and the two probes on ``host:port`` from a daemon thread: liveness is
+    the answer itself, readiness is ``ready``."""
 
     def __init__(
         self,
@@ -43,11 +44,9 @@ class MetricsServer:
         *,
         port: int,
         host: str = "0.0.0.0",  # scraped and probed from outside the pod
-        live: Check | None = None,
         ready: Check | None = None,
     ) -> None:
         self._metrics = make_wsgi_app(registry)
-        self._live = live or (lambda: True)
         self._ready = ready or (lambda: True)
         self._server = make_server(
             host, port, self._app, server_class=_ThreadingServer, handler_class=_QuietHandler
@@ -74,7 +73,7 @@ class MetricsServer:
         if path == "/metrics":
             return self._metrics(environ, start_response)  # type: ignore[no-any-return]
         if path in ("/healthz", "/readyz"):
-            ok = _passes(self._live if path == "/healthz" else self._ready)
+            ok = path == "/healthz" or _passes(self._ready)
             status = "200 OK" if ok else "503 Service Unavailable"
             start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
             return [b"ok\n" if ok else b"not ok\n"]
@@ -95,10 +94,9 @@ def start_metrics_server(
     registry: CollectorRegistry,
     port: int | None,
     *,
-    live: Check | None = None,
     ready: Check | None = None,
 ) -> MetricsServer | None:
     """The role's metrics server on ``port``, started; None when ``port`` is None (unset)."""
     if port is None:
         return None
-    return MetricsServer(registry, port=port, live=live, ready=ready).start()
+    return MetricsServer(registry, port=port, ready=ready).start()

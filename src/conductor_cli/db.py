@@ -36,7 +36,8 @@ def db_wait(
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            wait_for_database(url)
+            # At most what is left: an unreachable server must not hold it past its deadline.
+            wait_for_database(url, timeout_s=max(0.1, min(30.0, deadline - time.monotonic())))
             check_schema(url)
         except ConductorError as exc:
             if time.monotonic() + interval_s > deadline:

@@ -36,7 +36,6 @@ class PlannerMetrics:
             ["backend", "kind"],
             registry=self.registry,
         )
-
         self.batch_size = Histogram(
             "conductor_planner_batch_size",
             "Plans generated together in one batch, by backend (the transformers backend "

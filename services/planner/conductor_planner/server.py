@@ -96,7 +96,6 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):  # type: ignore[misc]
     ) -> None:
         self.planner = planner
         self.metrics = metrics
-        self.backend_name = "unknown"  # set when the backend has loaded
 
     async def Plan(self, request: Any, context: Any) -> Any:
         planner = self.planner
@@ -115,12 +114,12 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):  # type: ignore[misc]
         try:
             outcome = await planner.plan(plan_request)
         except WorkerError as exc:  # the backend's model server (openai backend) failed
-            self._failed(started)
+            self._failed(planner, started)
             log.warning("planner backend failed: %s", exc)
             code = grpc.StatusCode.UNAVAILABLE if exc.retryable else grpc.StatusCode.INTERNAL
             await _abort(context, code, f"planner backend failed: {exc}")
         except Exception as exc:
-            self._failed(started)
+            self._failed(planner, started)
             log.exception("Plan failed")
             await _abort(
                 context, grpc.StatusCode.INTERNAL, f"planner failed: {type(exc).__name__}: {exc}"
@@ -129,9 +128,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):  # type: ignore[misc]
             self.metrics.plan(outcome, time.perf_counter() - started)
         return planner_pb2.PlanResponse(call=outcome_to_proto(outcome))
 
-    def _failed(self, started: float) -> None:
+    def _failed(self, planner: ConductorPlanner, started: float) -> None:
         if self.metrics is not None:
-            self.metrics.failure(self.backend_name, time.perf_counter() - started)
+            self.metrics.failure(planner.backend.name, time.perf_counter() - started)
 
 
 @dataclass
@@ -176,7 +175,6 @@ class PlannerServer:
         else:
             self.backend = backend
             self.servicer.planner = ConductorPlanner(backend, router=router)
-            self.servicer.backend_name = backend.name
             metrics = self.servicer.metrics
             if metrics is not None and hasattr(backend, "on_batch"):  # backends that batch
                 backend.on_batch = metrics.batch_size.labels(backend.name).observe

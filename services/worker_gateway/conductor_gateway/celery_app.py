@@ -125,17 +125,18 @@ class GatewayProcess:
         return reply
 
     async def _call(self, request: CallRequest) -> CallReply:
-        spec = next((w for w in self.gateway.pool.workers if w.name == request.worker), None)
+        """The call, counted in flight on its worker's queue while it runs."""
+        spec = self.gateway.pool.find(request.worker)
         if self.metrics is None or spec is None:  # an unknown worker fails at once, uncounted
-            return await self._call_counted(request)
+            return await self._answer(request)
         in_flight = self.metrics.in_flight.labels(queue_for(spec))
         in_flight.inc()
         try:
-            return await self._call_counted(request)
+            return await self._answer(request)
         finally:
             in_flight.dec()
 
-    async def _call_counted(self, request: CallRequest) -> CallReply:
+    async def _answer(self, request: CallRequest) -> CallReply:
         base = {"call_id": request.call_id, "context": request.context}
         workflow_id = request.context.workflow_id if request.context is not None else None
         task = asyncio.current_task()
