@@ -38,29 +38,24 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import redis.asyncio as aioredis  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from conductor.chat import ChatMessage  # noqa: E402
 from conductor.pool import load_pool_file  # noqa: E402
 from conductor_adapters.queue import new_celery_app, queue_depths  # noqa: E402
+from conductor_cli.local_stack import free_port  # noqa: E402
 from conductor_gateway.client import QueuedStepRunner  # noqa: E402
 from conductor_gateway.settings import GatewaySettings  # noqa: E402
 
 from fakes.gateway_process import start_gateway, write_pool_file  # noqa: E402
-from fakes.http_server import free_port  # noqa: E402
+from fakes.metrics import samples  # noqa: E402
 
 QUEUE = "gateway.openai-compatible"
 SAMPLE_S = 0.25
 
 
 def _in_flight(metrics_url: str) -> float:
-    text = httpx.get(f"{metrics_url}/metrics", timeout=5).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            in_flight = sample.name == "conductor_gateway_calls_in_flight"
-            if in_flight and sample.labels.get("queue") == QUEUE:
-                return sample.value
-    return 0.0
+    scraped = samples(httpx.get(f"{metrics_url}/metrics", timeout=5).text)
+    return scraped.get(("conductor_gateway_calls_in_flight", (("queue", QUEUE),)), 0.0)
 
 
 async def _load(calls: int, metrics_url: str) -> list[tuple[float, int, int, float]]:

@@ -61,10 +61,13 @@ from sqlalchemy import text  # noqa: E402
 from conductor_adapters.http_wire import new_client  # noqa: E402
 from conductor_adapters.store.db import make_engine, upgrade  # noqa: E402
 from conductor_adapters.store.keys import create_key  # noqa: E402
-from conductor_cli.local_stack import LocalStack, ServiceProcess  # noqa: E402
+from conductor_cli.local_stack import (  # noqa: E402
+    LocalStack,
+    ServiceProcess,
+    free_port,
+)
 
 from fakes.api_process import announced_addresses, start_api_role  # noqa: E402
-from fakes.http_server import free_port  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 QUESTION = "What is 6 * 7?"

@@ -165,7 +165,7 @@ class LocalStack:
     def _process(self, role: str, name: str, args: list[str]) -> ServiceProcess:
         env = dict(self.env)
         if self.metrics:
-            self.metrics_ports[name] = _free_port()
+            self.metrics_ports[name] = free_port()
             env["CONDUCTOR_METRICS_PORT"] = str(self.metrics_ports[name])
         return ServiceProcess(role, args, self.log_dir / f"{name}.log", env)
 
@@ -226,7 +226,7 @@ class LocalStack:
         return process.start()
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A loopback port nothing listens on now (the OS picked it; the process takes it next)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -23,7 +23,6 @@ import httpx
 import openai
 import pytest
 import redis.asyncio as aioredis
-from prometheus_client.parser import text_string_to_metric_families
 
 from conductor.errors import WorkerUnavailable
 from conductor.variants import BUILTIN_VARIANTS
@@ -35,6 +34,7 @@ from conductor_gateway.client import QueuedStepRunner
 
 from fakes.api_server import LiveApi, TwoStepBackend, named_pool, scripted_service
 from fakes.distributed import distributed_stack
+from fakes.metrics import samples
 from fakes.scripted import ScriptedWorker
 
 NAMES = ["alpha", "beta", "gamma", "delta"]
@@ -653,17 +653,13 @@ def test_health_readiness_metrics_and_openapi(api: Api) -> None:
     assert "conductor_workflows_submitted_total" in metrics.text
     # The completion's workflow, its tokens and cost, by tenant and variant (the module's
     # other tests add to them: at least this one)
-    samples = {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(metrics.text)
-        for sample in family.samples
-    }
+    scraped = samples(metrics.text)
     mini = ("variant", "conductor-mini")
     ended = ("conductor_api_workflows_total", (("outcome", "completed"), mini))
     prompt = ("conductor_api_tokens_total", (("kind", "prompt"), ("tenant", "acme"), mini))
-    assert samples[ended] >= 1
-    assert samples[prompt] > 0
-    assert ("conductor_api_cost_usd_total", (("tenant", "acme"), mini)) in samples
+    assert scraped[ended] >= 1
+    assert scraped[prompt] > 0
+    assert ("conductor_api_cost_usd_total", (("tenant", "acme"), mini)) in scraped
     paths = schema.json()["paths"]
     assert {
         "/v1/chat/completions",

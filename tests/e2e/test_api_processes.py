@@ -30,10 +30,9 @@ from openai import OpenAI
 from conductor_adapters.rpc.v1 import workflows_pb2, workflows_pb2_grpc
 from conductor_adapters.store.db import make_engine, upgrade
 from conductor_adapters.store.keys import KEY_CACHE_S, create_key
-from conductor_cli.local_stack import ENTRY, LocalStack, ServiceProcess
+from conductor_cli.local_stack import ENTRY, LocalStack, ServiceProcess, free_port
 
 from fakes.api_process import announced_addresses, start_api_role
-from fakes.http_server import free_port
 from fakes.openai_server import FakeOpenAIServer
 
 pytestmark = [pytest.mark.processes]

@@ -20,7 +20,6 @@ import pytest
 import yaml
 from celery import Celery
 from openai import OpenAI
-from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
 from conductor.variants import BUILTIN_VARIANTS, Variant
@@ -29,11 +28,11 @@ from conductor_adapters.settings import BrokerSettings
 from conductor_adapters.store.db import make_engine, upgrade
 from conductor_adapters.store.keys import create_key
 from conductor_adapters.store.runs import SubmitRequest, submit_workflow
-from conductor_cli.local_stack import LocalStack
+from conductor_cli.local_stack import LocalStack, free_port
 
 from fakes.api_process import announced_addresses, start_api_role
 from fakes.brokers import private_redis_server
-from fakes.http_server import free_port
+from fakes.metrics import Samples, samples
 from fakes.openai_server import FakeOpenAIServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.broker, pytest.mark.processes]
@@ -254,24 +253,16 @@ def test_fifty_concurrent_workflows_complete_with_consistent_traces(
     print(f"50 workflows through the stack in {elapsed:.1f} s")
 
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
 def _scrape(port: int) -> Samples:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+    return samples(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)
 
 
 def _merged(metrics: dict[str, Samples], role: str) -> Samples:
     """The samples of every process of ``role``, added up."""
     merged: Samples = {}
-    for name, samples in metrics.items():
+    for name, scraped in metrics.items():
         if name.startswith(role):
-            for key, value in samples.items():
+            for key, value in scraped.items():
                 merged[key] = merged.get(key, 0.0) + value
     return merged
 

@@ -283,11 +283,3 @@ def _to_response(scripted: ScriptedResponse) -> Response:
 
 def _has(headers: Mapping[str, str], name: str) -> bool:
     return any(key.lower() == name for key in headers)
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on now (the OS picked it; a process may take it next)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port

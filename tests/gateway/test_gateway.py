@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from conductor.chat import ChatMessage
 from conductor.errors import StepCallFailed
 from conductor.pool import Pool, Price, Quotas, WorkerSpec
+from conductor_cli.local_stack import free_port
 from conductor_gateway.gateway import WorkerGateway
 from conductor_gateway.quotas import QuotaConfig
 from conductor_gateway.quotas_redis import RedisQuotas
@@ -20,7 +21,6 @@ from conductor_gateway.registry import build_workers
 from conductor_gateway.retry import RetryPolicy
 
 from fakes.brokers import private_redis_server
-from fakes.http_server import free_port
 from fakes.openai_server import (
     FakeOpenAIServer,
     completion,

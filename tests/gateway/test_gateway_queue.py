@@ -16,14 +16,13 @@ import httpx
 import pytest
 import redis
 import redis.asyncio as aioredis
-from prometheus_client.parser import text_string_to_metric_families
 
 from conductor.chat import ChatMessage
 from conductor.errors import StepCallFailed
 from conductor.messaging import CallReply, CallRequest
 from conductor.pool import Pool, load_pool_file
 from conductor_adapters.queue import new_celery_app
-from conductor_cli.local_stack import ServiceProcess
+from conductor_cli.local_stack import ServiceProcess, free_port
 from conductor_gateway.celery_app import GatewayProcess
 from conductor_gateway.client import QueuedStepRunner
 from conductor_gateway.registry import build_workers
@@ -31,7 +30,7 @@ from conductor_gateway.settings import GatewaySettings
 
 from fakes.brokers import private_redis_server
 from fakes.gateway_process import start_gateway, write_pool_file
-from fakes.http_server import free_port
+from fakes.metrics import samples
 from fakes.openai_server import FakeOpenAIServer, completion, count_tokens, openai_compatible_spec
 
 pytestmark = [pytest.mark.broker, pytest.mark.processes]
@@ -306,15 +305,6 @@ def test_replies_to_an_in_process_caller_leave_in_the_order_they_came(
     assert order == [f"call-{n}" for n in range(5)]
 
 
-def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of a Prometheus exposition, by name and sorted labels."""
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
 async def test_a_gateway_serves_metrics_that_count_calls_held_for_quota_as_in_flight(
     env: dict[str, str], runner: QueuedStepRunner, tmp_path: Path
 ) -> None:
@@ -333,7 +323,7 @@ async def test_a_gateway_serves_metrics_that_count_calls_held_for_quota_as_in_fl
             calls = [asyncio.create_task(runner.call("limited", _question(n))) for n in range(6)]
             peak = 0.0
             while not all(call.done() for call in calls):
-                scraped = _samples((await http.get("/metrics")).text)
+                scraped = samples((await http.get("/metrics")).text)
                 peak = max(peak, scraped.get(in_flight_key, 0.0))
                 await asyncio.sleep(0.05)
             await asyncio.gather(*calls)
@@ -344,31 +334,31 @@ async def test_a_gateway_serves_metrics_that_count_calls_held_for_quota_as_in_fl
 
     # Then the calls waiting for quota counted as held by the gateway, not as queued: more
     # than the 2 the worker may run at once were in flight at the peak, none at the end
-    samples = _samples(metrics.text)
+    final = samples(metrics.text)
     assert peak > CONCURRENCY
-    assert samples[in_flight_key] == 0
+    assert final[in_flight_key] == 0
     # And each call is counted once, with its tokens, duration and quota wait
     ok = (("outcome", "ok"), ("queue", QUEUE), ("status", ""), ("worker", "limited"))
-    assert samples[("conductor_gateway_calls_total", ok)] == 6
+    assert final[("conductor_gateway_calls_total", ok)] == 6
     for kind in ("input", "output"):
         labels = (
             ("gen_ai_provider_name", "openai-compatible"),
             ("gen_ai_token_type", kind),
             ("worker", "limited"),
         )
-        assert samples[("gen_ai_client_token_usage_count", labels)] == 6
-        assert samples[("gen_ai_client_token_usage_sum", labels)] > 0
+        assert final[("gen_ai_client_token_usage_count", labels)] == 6
+        assert final[("gen_ai_client_token_usage_sum", labels)] > 0
     duration = (
         ("gen_ai_provider_name", "openai-compatible"),
         ("gen_ai_request_model", "fake-model"),
         ("outcome", "ok"),
         ("worker", "limited"),
     )
-    assert samples[("gen_ai_client_operation_duration_seconds_count", duration)] == 6
-    assert samples[("gen_ai_client_operation_duration_seconds_sum", duration)] >= 6 * 0.3
+    assert final[("gen_ai_client_operation_duration_seconds_count", duration)] == 6
+    assert final[("gen_ai_client_operation_duration_seconds_sum", duration)] >= 6 * 0.3
     wait = (("worker", "limited"),)
-    assert samples[("conductor_gateway_quota_wait_seconds_count", wait)] == 6
-    assert samples[("conductor_gateway_quota_wait_seconds_sum", wait)] > 0
+    assert final[("conductor_gateway_quota_wait_seconds_count", wait)] == 6
+    assert final[("conductor_gateway_quota_wait_seconds_sum", wait)] > 0
     assert (health.status_code, ready.status_code) == (200, 200)
 
 

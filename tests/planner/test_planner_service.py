@@ -42,9 +42,9 @@ from conductor_adapters.rpc.planner_wire import (
 )
 from conductor_adapters.rpc.v1 import common_pb2, planner_pb2, planner_pb2_grpc
 from conductor_adapters.settings import Settings
+from conductor_cli.local_stack import free_port
 from conductor_planner.server import serve, start_planner_server
 
-from fakes.http_server import free_port
 from fakes.openai_server import FakeOpenAIServer
 from fakes.planner_service import (
     GatedFactory,
