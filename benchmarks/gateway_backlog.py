@@ -23,16 +23,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -46,7 +42,8 @@ from conductor_cli.local_stack import free_port  # noqa: E402
 from conductor_gateway.client import QueuedStepRunner  # noqa: E402
 from conductor_gateway.settings import GatewaySettings  # noqa: E402
 
-from fakes.gateway_process import start_gateway, write_pool_file  # noqa: E402
+from fakes.gateway_bench import gateway_bench  # noqa: E402
+from fakes.gateway_process import start_gateway  # noqa: E402
 from fakes.metrics import samples  # noqa: E402
 
 QUEUE = "gateway.openai-compatible"
@@ -113,46 +110,17 @@ def main() -> int:
     parser.add_argument("--broker", default=os.environ.get("CONDUCTOR_BROKER_URL", default_redis))
     args = parser.parse_args()
 
-    workdir = Path(tempfile.mkdtemp(prefix="conductor-backlog-"))
-    prefix = f"conductor-bench-{uuid.uuid4().hex[:8]}:"
-    fake = subprocess.Popen(
-        [sys.executable, "-m", "fakes.serve", "openai", "--latency", str(args.latency)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
-        text=True,
-    )
-    gateway = None
-    try:
-        assert fake.stdout is not None
-        base_url = fake.stdout.readline().strip()
-        pool_file = write_pool_file(
-            workdir / "pool.yaml",
-            {"bench": {"provider": "openai-compatible", "model": "fake", "base_url": base_url}},
-        )
+    with gateway_bench(args.latency, broker_url=args.broker, redis_url=args.redis) as bench:
         port = free_port()
-        env = {
-            "CONDUCTOR_BROKER_URL": args.broker,
-            "CONDUCTOR_REDIS_URL": args.redis,
-            "CONDUCTOR_REDIS_PREFIX": prefix,
-            "CONDUCTOR_POOL_FILE": str(pool_file),
-            "CONDUCTOR_METRICS_PORT": str(port),
-        }
+        env = {**bench.env, "CONDUCTOR_METRICS_PORT": str(port)}
         os.environ.update(env)
         gateway = start_gateway(
-            env, workdir / "gateway.log", queues=QUEUE, concurrency=args.concurrency
+            env, bench.workdir / "gateway.log", queues=QUEUE, concurrency=args.concurrency
         )
-        samples = asyncio.run(_load(args.calls, f"http://127.0.0.1:{port}"))
-    finally:
-        if gateway is not None:
+        try:
+            samples = asyncio.run(_load(args.calls, f"http://127.0.0.1:{port}"))
+        finally:
             gateway.stop()
-        fake.terminate()
-        fake.wait(timeout=10)
-        cleanup = redis.Redis.from_url(args.redis)
-        keys = list(cleanup.scan_iter(match=f"{prefix}*"))
-        if keys:
-            cleanup.delete(*keys)
-        cleanup.close()
 
     broker = args.broker.partition(":")[0]
     print(

@@ -17,17 +17,13 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -37,13 +33,13 @@ import redis.asyncio as aioredis  # noqa: E402
 from conductor.chat import ChatMessage  # noqa: E402
 from conductor.pool import Pool, load_pool_file  # noqa: E402
 from conductor_adapters.queue import new_celery_app  # noqa: E402
-from conductor_cli.local_stack import ServiceProcess  # noqa: E402
 from conductor_gateway.client import QueuedStepRunner  # noqa: E402
 from conductor_gateway.gateway import WorkerGateway  # noqa: E402
 from conductor_gateway.registry import build_workers  # noqa: E402
 from conductor_gateway.settings import GatewaySettings  # noqa: E402
 
-from fakes.gateway_process import start_gateway, write_pool_file  # noqa: E402
+from fakes.gateway_bench import gateway_bench  # noqa: E402
+from fakes.gateway_process import start_gateway  # noqa: E402
 
 TARGET_S = 5.0
 QUEUE = "gateway.openai-compatible"
@@ -123,68 +119,39 @@ def main() -> int:
     parser.add_argument("--broker", default=os.environ.get("CONDUCTOR_BROKER_URL", default_redis))
     args = parser.parse_args()
 
-    workdir = Path(tempfile.mkdtemp(prefix="conductor-bench-"))
-    prefix = f"conductor-bench-{uuid.uuid4().hex[:8]}:"
-    fake = subprocess.Popen(
-        [sys.executable, "-m", "fakes.serve", "openai", "--latency", str(args.latency)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
-        text=True,
-    )
-    gateway: ServiceProcess | None = None
-    try:
-        assert fake.stdout is not None
-        base_url = fake.stdout.readline().strip()
-        pool_file = write_pool_file(
-            workdir / "pool.yaml",
-            {"bench": {"provider": "openai-compatible", "model": "fake", "base_url": base_url}},
-        )
-        env = {
-            "CONDUCTOR_BROKER_URL": args.broker,
-            "CONDUCTOR_REDIS_URL": args.redis,
-            "CONDUCTOR_REDIS_PREFIX": prefix,
-            "CONDUCTOR_POOL_FILE": str(pool_file),
-        }
-        os.environ.update(env)
-        pool = load_pool_file(pool_file)
+    with gateway_bench(args.latency, broker_url=args.broker, redis_url=args.redis) as bench:
+        os.environ.update(bench.env)
+        pool = load_pool_file(Path(bench.env["CONDUCTOR_POOL_FILE"]))
         baseline = asyncio.run(_in_process(pool, args.calls))
         print(baseline.line())
 
         gateway = start_gateway(
-            env,
-            workdir / "gateway.log",
+            bench.env,
+            bench.workdir / "gateway.log",
             queues=QUEUE,
             concurrency=args.concurrency,
             loglevel=args.loglevel,
         )
-        assert gateway.process is not None
-        cpu_before = _cpu_s(gateway.process.pid)
-        sent_at = time.time()
-        queued = asyncio.run(_queued(pool, GatewaySettings.load(), args.calls))
-        gateway_cpu = _cpu_s(gateway.process.pid) - cpu_before
-        log = httpx.get(base_url.removesuffix("/v1") + "/_fake/requests").json()
-        arrivals = sorted(r["received_at"] - sent_at for r in log["requests"][-args.calls :])
-        print(queued.line())
-        print(f"{'':<22} provider saw calls {arrivals[0]:.2f}-{arrivals[-1]:.2f} s in")
-        print(f"{'':<22} gateway CPU during the calls: {gateway_cpu:.1f} s")
-        print(f"{'':<22} queued / in-process wall time: x{queued.wall_s / baseline.wall_s:.2f}")
-        verdict = "meets" if queued.wall_s < TARGET_S else "MISSES"
-        print(
-            f"gateway ({args.broker.partition(':')[0]} broker): {args.calls} calls of "
-            f"{args.latency:g} s in {queued.wall_s:.2f} s ({verdict} the {TARGET_S:g} s target)"
-        )
-        return 0 if queued.wall_s < TARGET_S else 1
-    finally:
-        if gateway is not None:
+        try:
+            assert gateway.process is not None
+            cpu_before = _cpu_s(gateway.process.pid)
+            sent_at = time.time()
+            queued = asyncio.run(_queued(pool, GatewaySettings.load(), args.calls))
+            gateway_cpu = _cpu_s(gateway.process.pid) - cpu_before
+        finally:
             gateway.stop()
-        fake.terminate()
-        fake.wait(timeout=10)
-        cleanup = redis.Redis.from_url(args.redis)
-        keys = list(cleanup.scan_iter(match=f"{prefix}*"))
-        if keys:
-            cleanup.delete(*keys)
-        cleanup.close()
+        log = httpx.get(bench.base_url.removesuffix("/v1") + "/_fake/requests").json()
+    arrivals = sorted(r["received_at"] - sent_at for r in log["requests"][-args.calls :])
+    print(queued.line())
+    print(f"{'':<22} provider saw calls {arrivals[0]:.2f}-{arrivals[-1]:.2f} s in")
+    print(f"{'':<22} gateway CPU during the calls: {gateway_cpu:.1f} s")
+    print(f"{'':<22} queued / in-process wall time: x{queued.wall_s / baseline.wall_s:.2f}")
+    verdict = "meets" if queued.wall_s < TARGET_S else "MISSES"
+    print(
+        f"gateway ({args.broker.partition(':')[0]} broker): {args.calls} calls of "
+        f"{args.latency:g} s in {queued.wall_s:.2f} s ({verdict} the {TARGET_S:g} s target)"
+    )
+    return 0 if queued.wall_s < TARGET_S else 1
 
 
 if __name__ == "__main__":
