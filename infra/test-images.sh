@@ -14,14 +14,20 @@
 #          gateway (queue gateway.llamacpp) and api as containers, one workflow through
 #          POST /v1/chat/completions, the image's health check in every role, then a graceful
 #          stop (SIGTERM) of every role
+#   kube   the dev overlay itself (kubectl kustomize), played by `podman kube play` with host
+#          networking against the same servers: the migrations Job, then the roles' pods with
+#          their init containers, ConfigMaps, Secrets, volumes and security context; every
+#          probe of the manifests, one workflow through the API, every role's /metrics, and
+#          SIGTERM to every pod, each of which must exit 0. What one host changes in the
+#          manifests: infra/k8s/kube_play.py
 #
 #   gpu-stub  (only when named) Dockerfile.planner-gpu built on a stand-in for the vLLM image:
 #          everything but vLLM and CUDA themselves
 #
-# Usage: infra/test-images.sh [PHASE ...]   (default: base build check smoke)
-# Run as root (debootstrap and rootful podman). Everything it starts (containers, database,
-# Redis keys under a prefix of its own, temporary directories) is removed on exit, pass or fail;
-# the two images stay for the next run.
+# Usage: infra/test-images.sh [PHASE ...]   (default: base build check smoke kube)
+# Run as root (debootstrap and rootful podman); kube needs kubectl too. Everything it starts
+# (containers, pods, podman secrets, database, Redis keys under a prefix of its own, temporary
+# directories) is removed on exit, pass or fail; the two images stay for the next run.
 #
 # Settings (environment):
 #   BASE_TAG      base image tag                        (localhost/debian-python:bookworm)
@@ -62,6 +68,8 @@ REDIS_PREFIX="${SMOKE_PREFIX}:"
 
 WORK_DIR=""        # temporary directory of this run
 STUB_IMAGES=()     # images of the gpu-stub phase, removed on exit
+KUBE_PODS=()       # pods of the kube phase, removed on exit
+KUBE_SECRETS=()    # podman secrets of the kube phase, removed on exit
 DB_CREATED=0
 REDIS_USED=0
 declare -a PHASE_NAMES=()
@@ -129,6 +137,13 @@ cleanup() {
         log "cleanup: removing containers of this run"
         # shellcheck disable=SC2086
         podman rm -f -t 5 $ids >/dev/null 2>&1
+    fi
+    if ((${#KUBE_PODS[@]})); then
+        log "cleanup: removing pods ${KUBE_PODS[*]}"
+        podman pod rm -f -t 5 "${KUBE_PODS[@]}" >/dev/null 2>&1
+    fi
+    if ((${#KUBE_SECRETS[@]})); then
+        podman secret rm "${KUBE_SECRETS[@]}" >/dev/null 2>&1
     fi
     if ((${#STUB_IMAGES[@]})); then
         podman rmi -f "${STUB_IMAGES[@]}" >/dev/null 2>&1
@@ -318,6 +333,9 @@ phase_check() {
     expect_equal "config User" "$(podman image inspect --format '{{.Config.User}}' "$IMAGE")" 10001:10001
     expect_equal "config Entrypoint" "$(podman image inspect --format '{{json .Config.Entrypoint}}' "$IMAGE")" '["conductor"]'
     expect_equal "config Cmd" "$(podman image inspect --format '{{json .Config.Cmd}}' "$IMAGE")" '["--help"]'
+    "${ONE_SHOT[@]}" --workdir / --entrypoint test "$IMAGE" -d /app \
+        || die "the working directory /app is not in the image (a runtime that does not create it will not start the container)"
+    log "ok: /app exists in the image"
     expect_equal "config WorkingDir" "$(podman image inspect --format '{{.Config.WorkingDir}}' "$IMAGE")" /app
     expect_equal "config Healthcheck" "$(podman image inspect --format '{{json .Config.Healthcheck.Test}}' "$IMAGE")" \
         '["CMD","python3","/opt/conductor/healthcheck.py"]'
@@ -400,6 +418,24 @@ free_port() {  # a TCP port nothing listens on (random, 20000-59999)
 
 role_name() { echo "${SMOKE_PREFIX}-$1"; }
 
+create_database() {  # a fresh, empty $SMOKE_DB; it and the Redis keys under $REDIS_PREFIX go on exit
+    if [[ $DB_CREATED == 1 ]]; then
+        in_image - "$PG_ADMIN_URL" "$SMOKE_DB" <<'EOF' || die "could not drop database ${SMOKE_DB}"
+import sys, psycopg
+with psycopg.connect(sys.argv[1], autocommit=True) as conn:
+    conn.execute(f'DROP DATABASE IF EXISTS "{sys.argv[2]}" WITH (FORCE)')
+EOF
+    fi
+    log "creating database ${SMOKE_DB}"
+    in_image - "$PG_ADMIN_URL" "$SMOKE_DB" <<'EOF' || die "could not create database ${SMOKE_DB} at ${PG_ADMIN_URL}"
+import sys, psycopg
+with psycopg.connect(sys.argv[1], autocommit=True) as conn:
+    conn.execute(f'CREATE DATABASE "{sys.argv[2]}"')
+EOF
+    DB_CREATED=1
+    REDIS_USED=1
+}
+
 wait_ready() {  # wait_ready ROLE READY_TEXT TIMEOUT_S
     local name deadline
     name=$(role_name "$1")
@@ -450,14 +486,7 @@ phase_smoke() {
     ROLE_ENV=()
 
     started=$SECONDS
-    log "creating database ${SMOKE_DB}"
-    in_image - "$PG_ADMIN_URL" "$SMOKE_DB" <<'EOF' || die "could not create database ${SMOKE_DB} at ${PG_ADMIN_URL}"
-import sys, psycopg
-with psycopg.connect(sys.argv[1], autocommit=True) as conn:
-    conn.execute(f'CREATE DATABASE "{sys.argv[2]}"')
-EOF
-    DB_CREATED=1
-    REDIS_USED=1
+    create_database
     "${ONE_SHOT[@]}" --network host "${HARDENED[@]}" "${SMOKE_ENV[@]}" "$IMAGE" db upgrade >&2 \
         || die "conductor db upgrade failed"
     local key
@@ -593,6 +622,114 @@ EOF
     phase_end
 }
 
+# ----------------------------------------------------------------------------- kube
+kube_in_image() {  # kube_in_image ARGS...: kube_play.py in the image, WORK_DIR/kube at /kube
+    "${ONE_SHOT[@]}" -i --network host "${HARDENED[@]}" -v "$WORK_DIR/kube:/kube:Z" \
+        -v "$REPO_ROOT/infra/k8s/kube_play.py:/opt/kube_play.py:ro,Z" \
+        --entrypoint python3 "$IMAGE" /opt/kube_play.py "$@"
+}
+
+phase_kube() {
+    # The dev overlay's own manifests, rendered by kustomize, played by `podman kube play` with
+    # host networking against this machine's PostgreSQL and Redis: the migrations Job, then
+    # planner, aggregator, the llama.cpp gateway and the API from the image, each with its init
+    # containers, environment, Secrets, volumes and security context as written. Then every
+    # probe of the manifests, one workflow through the API, every role's /metrics, and a
+    # graceful stop (SIGTERM) of every pod. What kube_play.py changes for one host is listed at
+    # its top.
+    phase_begin kube
+    podman image exists "$IMAGE" || die "no image ${IMAGE}: run the build phase"
+    local kubectl
+    kubectl=$(command -v kubectl || echo "$REPO_ROOT/.venv-infra/bin/kubectl")
+    [[ -x $kubectl ]] || die "kubectl renders the overlay: put one on the PATH, or run infra/k8s/validate.sh once (it installs one in .venv-infra)"
+    local port
+    for port in 8000 50051 50052; do  # the API's and the planner's ports, as the manifests give them
+        ! ss -H -l -t -n "sport = :$port" | grep -q . || die "port ${port} is taken: the dev overlay's pods listen on it"
+    done
+    local name
+    for name in db-upgrade planner aggregator api gateway-llamacpp; do
+        ! podman pod exists "$name" || die "a pod named ${name} exists already (podman pod rm -f ${name})"
+    done
+    mkdir -p "$WORK_DIR/kube/secrets"
+    chmod -R 0777 "$WORK_DIR/kube"
+    "$kubectl" kustomize "$REPO_ROOT/infra/k8s/overlays/dev" > "$WORK_DIR/kube/dev.yaml" \
+        || die "kubectl kustomize infra/k8s/overlays/dev failed"
+    local pg_base started
+    pg_base=${PG_ADMIN_URL%/*}
+    started=$SECONDS
+    create_database
+    kube_in_image transform \
+        --database-url "${pg_base/#postgresql:/postgresql+psycopg:}/${SMOKE_DB}" \
+        --redis-url "$REDIS_URL" --redis-prefix "$REDIS_PREFIX" --label "$RUN_ID" \
+        --metrics-ports "$(free_port),$(free_port),$(free_port),$(free_port),$(free_port)" \
+        --out-dir /kube < "$WORK_DIR/kube/dev.yaml" > "$WORK_DIR/kube/play.yaml" \
+        || die "kube_play.py transform failed"
+    local file secret
+    for file in "$WORK_DIR"/kube/secrets/*.json; do
+        secret=$(basename "$file" .json)
+        podman secret rm "$secret" >/dev/null 2>&1 || true
+        podman secret create "$secret" "$file" >/dev/null || die "podman secret create ${secret} failed"
+        KUBE_SECRETS+=("$secret")
+    done
+    local -A grace=()
+    local pod seconds
+    while read -r pod seconds; do
+        KUBE_PODS+=("$pod")
+        grace[$pod]=$seconds
+    done < <(kube_in_image pods < "$WORK_DIR/kube/play.yaml")
+    ((${#KUBE_PODS[@]})) || die "no pods to play in the transformed overlay"
+    log "playing pods ${KUBE_PODS[*]} of the dev overlay (log: ${WORK_DIR}/kube/play.log)"
+    # podman 4.3's kube play takes no --ulimit: the containers' limits come from a configuration
+    # of this run's own.
+    printf '[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n' \
+        "$CONTAINER_NOFILE" "$CONTAINER_NOFILE" "$CONTAINER_NPROC" "$CONTAINER_NPROC" \
+        > "$WORK_DIR/kube/containers.conf"
+    CONTAINERS_CONF="$WORK_DIR/kube/containers.conf" "${PODMAN[@]}" kube play --network host \
+        "$WORK_DIR/kube/play.yaml" > "$WORK_DIR/kube/play.log" 2>&1 \
+        || { cat "$WORK_DIR/kube/play.log" >&2; die "podman kube play failed (its output above)"; }
+    local code
+    code=$(podman wait db-upgrade-conductor) || die "the migrations pod's container did not run"
+    [[ $code == 0 ]] || die "the migrations Job's container exited ${code}: $(podman logs db-upgrade-conductor 2>&1 | tail -n 20)"
+    log "ok: pods played, migrations Job exited 0 ($((SECONDS - started)) s)"
+    # The operator's step after the migrations: an API key (the distributed API never runs open,
+    # and exits until one exists; its pod's restart policy brings it back).
+    local key
+    key=$("${ONE_SHOT[@]}" --network host "${HARDENED[@]}" \
+        -e "CONDUCTOR_DATABASE_URL=${pg_base/#postgresql:/postgresql+psycopg:}/${SMOKE_DB}" \
+        "$IMAGE" keys create --tenant smoke) || die "conductor keys create failed"
+
+    started=$SECONDS
+    kube_in_image probe --view /kube/kubelet.json \
+        || { kube_logs; die "a probe of the dev overlay never passed (above)"; }
+    log "ok: every startup, liveness and readiness probe passes ($((SECONDS - started)) s)"
+    started=$SECONDS
+    kube_in_image ask --view /kube/kubelet.json --key "$key" --model "$SMOKE_MODEL" \
+        || { kube_logs; die "the workflow through the dev overlay's API failed (above)"; }
+    log "ok: one workflow through the API, every role's /metrics ($((SECONDS - started)) s)"
+
+    # SIGTERM to each pod as Kubernetes sends it, the API first; each must exit 0 within the
+    # manifest's grace period (at most 120 s here).
+    started=$SECONDS
+    for name in api gateway-llamacpp aggregator planner; do
+        seconds=${grace[$name]}
+        ((seconds <= 120)) || seconds=120
+        podman pod stop -t "$seconds" "$name" >/dev/null 2> >(no_systemd_noise) || die "podman pod stop ${name} failed"
+        code=$(podman inspect --format '{{.State.ExitCode}}' "${name}-conductor")
+        [[ $code == 0 ]] || { podman logs --tail 30 "${name}-conductor" >&2; die "${name} exited ${code} on SIGTERM (grace ${seconds} s)"; }
+        log "ok: ${name} exited 0 on SIGTERM (grace ${grace[$name]} s, ${seconds} s here)"
+    done
+    log "ok: graceful stop of every pod ($((SECONDS - started)) s)"
+    phase_end
+}
+
+kube_logs() {  # the end of every played container's log, on a failure
+    local name
+    for name in "${KUBE_PODS[@]}"; do
+        printf '\n--- %s-conductor ---\n' "$name" >&2
+        podman logs --tail 25 "${name}-conductor" >&2 2>&1 || true
+    done
+}
+
 # ----------------------------------------------------------------------------- gpu-stub
 phase_gpu_stub() {
     # Dockerfile.planner-gpu on a stand-in for the vLLM image: the Debian base with empty
@@ -656,11 +793,11 @@ EOF
 
 # ----------------------------------------------------------------------------- main
 PHASES=("$@")
-((${#PHASES[@]})) || PHASES=(base build check smoke)
+((${#PHASES[@]})) || PHASES=(base build check smoke kube)
 for phase in "${PHASES[@]}"; do
     case $phase in
-        base | build | check | smoke | gpu-stub) ;;
-        *) die "unknown phase '${phase}' (phases: base build check smoke gpu-stub)" ;;
+        base | build | check | smoke | kube | gpu-stub) ;;
+        *) die "unknown phase '${phase}' (phases: base build check smoke kube gpu-stub)" ;;
     esac
 done
 preflight

@@ -145,9 +145,12 @@ def create_app(service: WorkflowService, *, open_access: bool = False) -> FastAP
 
     @app.get("/readyz", tags=["Operations"], responses={503: {"description": "Not ready"}})
     async def readyz() -> JSONResponse:
-        """Database, broker and planner (distributed) or database and workers (embedded)."""
+        """Database, broker and Redis (distributed; the planner is reported, not required) or
+        database and workers (embedded)."""
         checks = await service.readiness()
-        ready = all(v == "ok" for v in checks.values())
+        ready = all(
+            value == "ok" for name, value in checks.items() if name not in service.advisory_checks
+        )
         body = {"status": "ready" if ready else "not ready", "mode": service.mode, **checks}
         return JSONResponse(body, status_code=200 if ready else 503)
 

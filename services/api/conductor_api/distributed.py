@@ -37,6 +37,8 @@ CHECK_TIMEOUT_S = 2.0
 
 class DistributedWorkflows(WorkflowService):
     mode = "distributed"
+    # Plans are made by the aggregators; a submitted job waits in the queue for a planner.
+    advisory_checks = frozenset({"planner"})
 
     def __init__(
         self,

@@ -144,6 +144,11 @@ class WorkflowService(ABC):
         """One call to one worker, with the gateway's retries, quotas and costs; its fallbacks
         only among ``allowed_workers`` (the caller's key's pool; None: any)."""
 
+    # Checks /readyz reports without failing on: a dependency every replica shares, whose
+    # outage taking every API pod out of its Service would turn clear errors into refused
+    # connections, and stop the job API from accepting work that waits for it.
+    advisory_checks: frozenset[str] = frozenset()
+
     @abstractmethod
     async def readiness(self) -> dict[str, str]:
         """Each dependency and "ok", or what is wrong with it."""
