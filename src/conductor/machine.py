@@ -148,6 +148,9 @@ class Dispatch(BaseModel):
     dispatch: int
     # The workflow's pool: the only workers the call may reach, the worker's fallbacks included.
     allowed_workers: list[str]
+    # The step's deadline for this send: past it the step is sent again or fails, so nobody
+    # waits for the answer of this send any longer.
+    expires_at: datetime
 
 
 class RequestPlan(BaseModel):
@@ -296,14 +299,16 @@ class WorkflowMachine:
         by_index = {s.index: s for s in self.result.steps}
         messages = build_messages(self.result.question, step, by_index)
         sends = self.state.dispatches.get(step.index, 0) + 1
+        sent_at = utcnow()
         self.state.dispatches[step.index] = sends
-        self.state.dispatched_at[step.index] = utcnow()
+        self.state.dispatched_at[step.index] = sent_at
         return Dispatch(
             step=step.index,
             worker=step.worker,
             messages=messages,
             dispatch=sends,
             allowed_workers=[entry.name for entry in self.state.entries],
+            expires_at=sent_at + timedelta(seconds=self.state.variant.step_timeout_s),
         )
 
     def _request_plan(self, round_no: int, request: PlanRequest | None = None) -> RequestPlan:

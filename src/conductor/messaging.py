@@ -8,6 +8,7 @@ a price (the gateway's pool file is the price table).
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -60,11 +61,18 @@ class CallRequest(BaseModel):
     context: StepContext | None = None
     # Every worker the call may reach, fallbacks included; None: any worker of the pool.
     allowed_workers: list[str] | None = Field(default=None, max_length=1000)
+    # When the caller stops waiting (timezone-aware): a gateway does not start the call after
+    # it and abandons the call at it, retries and quota waits included. This is what bounds
+    # the longest call a gateway holds, and so the grace period a stopping gateway needs.
+    # None: only the worker's own per-attempt timeout applies.
+    expires_at: datetime | None = None
 
     @model_validator(mode="after")
     def _one_reply_route(self) -> Self:
         if (self.reply_to is None) == (self.reply_queue is None):
             raise ValueError("name exactly one of reply_to (a Redis list) and reply_queue")
+        if self.expires_at is not None and self.expires_at.tzinfo is None:
+            raise ValueError("expires_at must carry its timezone")
         return self
 
 

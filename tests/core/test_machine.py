@@ -329,6 +329,7 @@ def test_the_first_step_of_a_round_gets_the_users_question() -> None:
         messages=[first_of_round("name the river")],
         dispatch=1,
         allowed_workers=NAMES,
+        expires_at=first.expires_at,
     )
 
 
@@ -372,9 +373,15 @@ def test_a_dispatch_carries_exactly_the_visible_steps_subtasks_and_answers(
     later = machine.advance()
 
     # A step that needs nothing goes out with the first two; the others once both answered.
-    assert [a for a in [*first, *later] if isinstance(a, Dispatch) and a.step == 2] == [
-        Dispatch(step=2, worker="alpha", messages=messages, dispatch=1, allowed_workers=NAMES)
-    ]
+    [sent] = [a for a in [*first, *later] if isinstance(a, Dispatch) and a.step == 2]
+    assert sent == Dispatch(
+        step=2,
+        worker="alpha",
+        messages=messages,
+        dispatch=1,
+        allowed_workers=NAMES,
+        expires_at=sent.expires_at,
+    )
 
 
 def test_every_send_bounds_its_call_to_the_workflows_pool_in_every_round() -> None:
@@ -682,6 +689,7 @@ def test_the_next_rounds_steps_continue_the_global_indices_and_give_the_answer()
         messages=[first_of_round("polish")],
         dispatch=1,
         allowed_workers=NAMES,
+        expires_at=dispatch.expires_at,
     )
     assert machine.result.answer == "final answer"
 
@@ -872,10 +880,19 @@ def test_a_step_past_its_deadline_is_sent_again_once_by_the_next_advance(clock: 
     clock.set(61)
     again = machine.advance()
 
+    # Each send carries its own deadline: the step's, counted from that send
     assert applied is True
     assert isinstance(first, Dispatch)
+    assert first.expires_at == at(60)
     assert again == [
-        Dispatch(step=0, worker="alpha", messages=first.messages, dispatch=2, allowed_workers=NAMES)
+        Dispatch(
+            step=0,
+            worker="alpha",
+            messages=first.messages,
+            dispatch=2,
+            allowed_workers=NAMES,
+            expires_at=at(61 + 60),
+        )
     ]
     assert machine.advance() == []
     assert machine.result.steps[0].status is StepStatus.RUNNING

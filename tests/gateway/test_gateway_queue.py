@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +276,58 @@ def test_an_answer_received_while_redis_restarts_is_delivered_not_paid_again(
     assert delivered.result is not None
     assert delivered.result.text == "4"
     assert len(fake_provider.chat_requests) == 1
+
+
+def test_a_call_past_its_callers_deadline_is_never_sent_to_the_provider(
+    fake_provider: FakeOpenAIServer, redis_url: str, redis_prefix: str
+) -> None:
+    # Given a call that waited in the queue until its caller had stopped waiting
+    process = _gateway_process(fake_provider, redis_url, redis_prefix)
+    request = CallRequest(
+        call_id="expired-1",
+        worker="primary",
+        messages=[ChatMessage(role="user", content="What is 2 + 2?")],
+        reply_to=f"{redis_prefix}replies:expired",
+        expires_at=datetime.now(UTC) - timedelta(seconds=1),
+    )
+    try:
+        # When a gateway takes it
+        reply = process.handle(request, app=None)  # type: ignore[arg-type]
+    finally:
+        process.close()
+
+    # Then it answers that the deadline passed, and the provider is not called (nor billed)
+    assert not reply.ok
+    assert "deadline" in (reply.error or "")
+    assert "before a gateway took it" in (reply.error or "")
+    assert fake_provider.chat_requests == []
+
+
+def test_a_call_still_running_at_its_callers_deadline_is_abandoned_then(
+    fake_provider: FakeOpenAIServer, redis_url: str, redis_prefix: str
+) -> None:
+    # Given a provider that takes 5 s, and a caller that waits 1 s
+    process = _gateway_process(fake_provider, redis_url, redis_prefix)
+    fake_provider.enqueue(completion("4", delay_s=5.0))
+    request = CallRequest(
+        call_id="abandoned-1",
+        worker="primary",
+        messages=[ChatMessage(role="user", content="What is 2 + 2?")],
+        reply_to=f"{redis_prefix}replies:abandoned",
+        expires_at=datetime.now(UTC) + timedelta(seconds=1),
+    )
+    try:
+        # When the gateway makes the call
+        started = time.monotonic()
+        reply = process.handle(request, app=None)  # type: ignore[arg-type]
+        took = time.monotonic() - started
+    finally:
+        process.close()
+
+    # Then it gives up at the deadline (this bounds what a stopping gateway must wait for)
+    assert not reply.ok
+    assert "before it was answered" in (reply.error or "")
+    assert took < 4.0, f"the call held the gateway {took:.1f} s, past its 1 s deadline"
 
 
 def test_replies_to_an_in_process_caller_leave_in_the_order_they_came(

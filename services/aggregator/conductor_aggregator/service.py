@@ -288,6 +288,7 @@ class Aggregator:
                     workflow_id=str(workflow_id), step=action.step, dispatch=action.dispatch
                 ),
                 allowed_workers=action.allowed_workers,
+                expires_at=action.expires_at,
             )
             queue = queue_for(self.pool.get(action.worker))
             body = request.model_dump(mode="json")

@@ -14,6 +14,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -142,11 +143,18 @@ class GatewayProcess:
         task = asyncio.current_task()
         if workflow_id is not None and task is not None:
             self._in_flight.setdefault(workflow_id, set()).add(task)
+        left_s = _seconds_left(request)
+        if left_s is not None and left_s <= 0:
+            # It waited in the queue past its caller's deadline: nobody would read the answer.
+            return CallReply(**base, ok=False, error=_expired(request, "before a gateway took it"))
         try:
-            result = await self.gateway.call(
-                request.worker, request.messages, allowed_workers=request.allowed_workers
-            )
+            async with asyncio.timeout(left_s):
+                result = await self.gateway.call(
+                    request.worker, request.messages, allowed_workers=request.allowed_workers
+                )
             return CallReply(**base, ok=True, result=result, attempts=result.attempts)
+        except TimeoutError:
+            return CallReply(**base, ok=False, error=_expired(request, "before it was answered"))
         except StepCallFailed as exc:
             return CallReply(**base, ok=False, error=str(exc), attempts=exc.attempts)
         except ConductorError as exc:  # unknown worker, bad configuration
@@ -190,6 +198,17 @@ class GatewayProcess:
 
         self.loop.run(shutdown(), timeout_s=30)
         self.loop.stop()
+
+
+def _seconds_left(request: CallRequest) -> float | None:
+    if request.expires_at is None:
+        return None
+    return (request.expires_at - datetime.now(UTC)).total_seconds()
+
+
+def _expired(request: CallRequest, when: str) -> str:
+    deadline = request.expires_at.isoformat(timespec="seconds") if request.expires_at else "?"
+    return f"worker {request.worker!r}: the caller's deadline ({deadline}) passed {when}"
 
 
 def create_celery(settings: GatewaySettings, build: Callable[[], GatewayProcess]) -> Celery:

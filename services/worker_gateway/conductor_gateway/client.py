@@ -11,6 +11,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Collection, Sequence
+from datetime import UTC, datetime, timedelta
 
 import redis.asyncio as aioredis
 from celery import Celery
@@ -35,7 +36,7 @@ class QueuedStepRunner:
         *,
         prefix: str = "conductor:",
         worker_names: frozenset[str] | None = None,
-        reply_timeout_s: float = 900.0,
+        reply_timeout_s: float = 600.0,
     ) -> None:
         self.app = app
         self.pool = pool
@@ -64,6 +65,8 @@ class QueuedStepRunner:
             messages=list(messages),
             reply_to=self.reply_to,
             allowed_workers=None if allowed_workers is None else sorted(allowed_workers),
+            # The gateway gives up when this caller does: no call outlives its waiter.
+            expires_at=datetime.now(UTC) + timedelta(seconds=self.reply_timeout_s),
         )
         reply_future: asyncio.Future[CallReply] = asyncio.get_running_loop().create_future()
         self._waiting[request.call_id] = reply_future
