@@ -368,6 +368,30 @@ async def test_concurrent_plans_run_at_the_same_time() -> None:
     assert elapsed < 0.9, f"5 calls of 0.3 s took {elapsed:.2f} s"
 
 
+async def test_one_client_spreads_its_calls_over_every_planner_its_name_resolves_to() -> None:
+    # given: two planners, and one client whose target resolves to both (as a headless
+    # Service's name resolves to every ready planner pod)
+    first, second = ScriptedBackend([GOOD_OUTPUT] * 8), ScriptedBackend([GOOD_OUTPUT] * 8)
+    async with (
+        running_planner(factory_of(first)) as (one, _),
+        running_planner(factory_of(second)) as (two, _),
+    ):
+        await one.wait_loaded()
+        await two.wait_loaded()
+        port_one, port_two = one.address.rsplit(":", 1)[1], two.address.rsplit(":", 1)[1]
+        client = GrpcPlanner(f"ipv4:127.0.0.1:{port_one},127.0.0.1:{port_two}")
+
+        # when: it plans eight times, one call after another
+        outcomes = [await client.plan(_request()) for _ in range(8)]
+        await client.aclose()
+
+    # then: both planners took calls (one connection would have sent all eight to one)
+    assert all(outcome.valid for outcome in outcomes)
+    assert len(first.requests) >= 2, (len(first.requests), len(second.requests))
+    assert len(second.requests) >= 2, (len(first.requests), len(second.requests))
+    assert len(first.requests) + len(second.requests) == 8
+
+
 async def test_a_failing_backend_is_unavailable_to_the_client() -> None:
     # given: the openai backend's endpoint refuses connections
     class DownBackend(ScriptedBackend):

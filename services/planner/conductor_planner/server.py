@@ -43,7 +43,17 @@ HEALTH_NAMES = (health.OVERALL_HEALTH, PLANNER_SERVICE)
 DEFAULT_GRACE_S = 10.0
 # grpc enables SO_REUSEPORT by default: a second planner on a busy port would then start
 # "fine" and share its traffic. Off, a busy port is a clear error.
-SERVER_OPTIONS = (*CHANNEL_OPTIONS, ("grpc.so_reuseport", 0))
+# Connections are closed (GOAWAY) after 5 minutes, the calls on them given 6 to finish (a plan
+# may take CONDUCTOR_PLANNER_TIMEOUT_S, 300 s): clients then resolve the planner's name again,
+# so planners added by a scale-up get their share of calls.
+MAX_CONNECTION_AGE_MS = 300_000
+MAX_CONNECTION_AGE_GRACE_MS = 360_000
+SERVER_OPTIONS = (
+    *CHANNEL_OPTIONS,
+    ("grpc.so_reuseport", 0),
+    ("grpc.max_connection_age_ms", MAX_CONNECTION_AGE_MS),
+    ("grpc.max_connection_age_grace_ms", MAX_CONNECTION_AGE_GRACE_MS),
+)
 
 
 def request_problems(request: PlanRequest) -> list[str]:

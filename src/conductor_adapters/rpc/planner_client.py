@@ -31,6 +31,9 @@ CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
+# Calls spread over every address the planner's name resolves to (a headless Service: one per
+# ready pod), not all down the first connection: one HTTP/2 connection carries every call.
+CLIENT_OPTIONS = (*CHANNEL_OPTIONS, ("grpc.lb_policy_name", "round_robin"))
 # Codes a later call may not get: the planner was down, still loading, overloaded or restarting.
 _RETRYABLE = frozenset(
     {
@@ -66,10 +69,10 @@ class GrpcPlanner:
     def _planner_stub(self) -> Any:
         if self._stub is None:
             if self._credentials is None:
-                channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+                channel = grpc.aio.insecure_channel(self.address, options=CLIENT_OPTIONS)
             else:
                 channel = grpc.aio.secure_channel(
-                    self.address, self._credentials, options=CHANNEL_OPTIONS
+                    self.address, self._credentials, options=CLIENT_OPTIONS
                 )
             self._channel = channel
             self._stub = planner_pb2_grpc.PlannerStub(channel)
