@@ -706,6 +706,11 @@ phase_kube() {
     kube_in_image ask --view /kube/kubelet.json --key "$key" --model "$SMOKE_MODEL" \
         || { kube_logs; die "the workflow through the dev overlay's API failed (above)"; }
     log "ok: one workflow through the API, every role's /metrics ($((SECONDS - started)) s)"
+    # What each role holds after a workflow, beside the manifests' memory requests and limits.
+    log "memory after one workflow (podman stats; the manifests' requests and limits: infra/k8s/README.md):"
+    podman stats --no-stream --format '    {{.Name}}: {{.MemUsage}}, CPU {{.CPUPerc}}' \
+        "${KUBE_PODS[@]/%/-conductor}" 2>/dev/null | grep -v '^    db-upgrade' >&2 \
+        || log "podman stats gave nothing here"
 
     # SIGTERM to each pod as Kubernetes sends it, the API first; each must exit 0 within the
     # manifest's grace period (at most 120 s here).
