@@ -43,7 +43,12 @@ class ConfigurationError(ConductorError):
 
 
 class InvalidRequest(ConductorError, ValueError):
-    """The request itself is unacceptable (empty question, too long, unknown option)."""
+    """The request itself is unacceptable (empty question, too long, unknown option);
+    ``param`` names the request's field at fault, where one is."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ModelNotFoundError(ConfigurationError):

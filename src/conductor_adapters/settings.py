@@ -106,6 +106,10 @@ class Settings(BaseSettings):
     runner_heartbeat_s: float = Field(default=5.0, gt=0)
     runner_stale_after_s: float = Field(default=30.0, gt=0)
 
+    # conductor serve / api: origins a browser may call the HTTP API from (CORS), as a JSON
+    # list, e.g. '["https://app.example.com"]'; ["*"] allows any. Empty: no CORS headers.
+    cors_origins: list[str] = Field(default_factory=list)
+
     # planner, aggregator, gateway: serve /metrics, /healthz and /readyz on this HTTP port
     # (0: any free port). Unset: none, so several processes on one machine never collide.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

@@ -67,6 +67,7 @@ def serve(
                 port=port,
                 grpc_port=None if grpc_port < 0 else grpc_port,
                 open_access=open_access,
+                cors_origins=settings.cors_origins,
                 on_ready=lambda at: _ready("serve", at),
             )
         finally:
@@ -124,6 +125,7 @@ def api(
             host=host,
             port=port,
             grpc_port=None if grpc_port < 0 else grpc_port,
+            cors_origins=settings.cors_origins,
             on_ready=lambda at: _ready("api", at),
         )
 

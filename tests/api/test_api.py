@@ -23,12 +23,14 @@ import httpx
 import openai
 import pytest
 import redis.asyncio as aioredis
+from sqlalchemy import func, select
 
 from conductor.errors import WorkerUnavailable
 from conductor.variants import BUILTIN_VARIANTS
 from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
 from conductor_adapters.store.db import make_engine
 from conductor_adapters.store.keys import KEY_CACHE_S, create_key, revoke_key
+from conductor_adapters.store.models import attempt_table, workflow_table
 from conductor_api.distributed import DistributedWorkflows
 from conductor_gateway.client import QueuedStepRunner
 
@@ -40,6 +42,7 @@ from fakes.scripted import ScriptedWorker
 NAMES = ["alpha", "beta", "gamma", "delta"]
 # delta is always down, and its pool entry falls back to alpha.
 FALLBACKS = {"delta": ["alpha"]}
+DELTA_URL = "http://10.20.30.40:8000/v1/chat/completions"
 
 
 def _answer(name: str) -> Any:
@@ -51,7 +54,8 @@ def _workers() -> list[ScriptedWorker]:
         ScriptedWorker("alpha", answer=_answer("alpha")),
         ScriptedWorker("beta", answer=_answer("beta")),
         ScriptedWorker("gamma", delay_s=0.6, answer=_answer("gamma")),  # slow: for events
-        ScriptedWorker("delta", fail_with=WorkerUnavailable("delta is down")),
+        # Its failure names an internal address: clients must not see it, the trace keeps it.
+        ScriptedWorker("delta", fail_with=WorkerUnavailable(f"delta is down at {DELTA_URL}")),
     ]
 
 
@@ -384,6 +388,98 @@ def test_a_keys_pool_bounds_every_path_its_workers_fallbacks_included(api: Api) 
     assert unlimited.model_extra["conductor"]["worker"] == "alpha"  # fallbacks still work
 
 
+def _workflow_count(api: Api) -> int:
+    with api.server.service.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(workflow_table)).scalar_one())
+
+
+def test_a_failed_workflow_is_one_workflow_under_the_sdks_default_retries(api: Api) -> None:
+    # Given the official client with its default retries (2), and a key whose only worker fails
+    client = openai.OpenAI(base_url=f"{api.url}/v1", api_key=api.delta_key)
+    before = _workflow_count(api)
+
+    # When its workflow fails, and its pass-through call too
+    with pytest.raises(openai.APIStatusError) as chat:
+        client.chat.completions.create(model="conductor-ultra", messages=QUESTION)
+    with pytest.raises(openai.APIStatusError) as passthrough:
+        client.chat.completions.create(model="delta", messages=QUESTION)
+
+    # Then the server told it not to retry, so one workflow ran, not three
+    for failed in (chat.value, passthrough.value):
+        assert failed.status_code == 502
+        assert failed.response.headers["x-should-retry"] == "false"
+    assert _workflow_count(api) == before + 1
+
+
+def test_failures_reach_clients_without_internal_addresses_and_the_trace_keeps_them(
+    api: Api,
+) -> None:
+    limited = api.client(api.delta_key)
+    with pytest.raises(openai.APIStatusError) as passthrough:
+        limited.chat.completions.create(model="delta", messages=QUESTION)
+    with pytest.raises(openai.APIStatusError) as chat:
+        limited.chat.completions.create(model="conductor-ultra", messages=QUESTION)
+    worker_message = passthrough.value.response.json()["error"]["message"]
+    workflow_message = chat.value.response.json()["error"]["message"]
+    workflow_id = workflow_message.split()[1]
+    with api.http(api.delta_key) as http:
+        view = http.get(f"/v1/workflows/{workflow_id}").text
+        events = http.get(f"/v1/workflows/{workflow_id}/events").text
+
+    for seen in (worker_message, workflow_message, view, events):
+        assert "10.20.30.40" not in seen
+        assert "[internal address]" in seen
+    # One prefix: the message does not name the worker twice before its reason
+    assert not worker_message.startswith("delta: delta"), worker_message
+    with api.server.service.engine.connect() as conn:
+        stored = conn.execute(select(attempt_table.c.error)).scalars().all()
+    assert any(DELTA_URL in (error or "") for error in stored)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"conductor": {"pool": ["nope"]}}, "conductor.pool"),
+        ({"messages": [{"role": "user", "content": " "}]}, "messages"),
+        ({"model": "conductor-nope"}, "model"),
+    ],
+    ids=["pool", "empty-question", "unknown-model"],
+)
+def test_a_refusal_names_the_field_at_fault(api: Api, body: dict[str, Any], param: str) -> None:
+    request = {"model": "conductor-ultra", "messages": QUESTION, **body}
+    with api.http() as http:
+        response = http.post("/v1/chat/completions", json=request)
+    assert response.status_code in (400, 404), response.text
+    assert response.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    "request_fields",
+    [
+        {"max_steps": 9},
+        {"max_steps": 0},
+        {"max_steps": -3},
+        {"metadata": {f"label-{n}": "x" * 600 for n in range(40)}},
+        {"metadata": {"k": "x" * 600}},
+    ],
+    ids=["max-steps-9", "max-steps-0", "max-steps-negative", "40-labels", "long-label"],
+)
+def test_grpc_refuses_what_http_refuses(api: Api, request_fields: dict[str, Any]) -> None:
+    metadata = [("authorization", f"Bearer {api.key}")]
+    before = _workflow_count(api)
+    with grpc.insecure_channel(api.server.grpc_address) as channel:
+        stub = workflows_pb2_grpc.WorkflowsStub(channel)
+        request = workflows_pb2.SubmitRequest(question="6 * 7", **request_fields)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Submit(request, metadata=metadata, timeout=10)
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert any(word in (refused.value.details() or "") for word in ("max_steps", "metadata"))
+    with api.http() as http:
+        http_refused = http.post("/v1/workflows", json={"question": "6 * 7", **request_fields})
+    assert http_refused.status_code == 400
+    assert _workflow_count(api) == before
+
+
 # -- job API and events -------------------------------------------------------------------------
 
 
@@ -673,6 +769,22 @@ def test_health_readiness_metrics_and_openapi(api: Api) -> None:
     assert unknown.json()["error"]["code"] == "not_found"
 
 
+def test_every_operation_documents_what_it_answers(api: Api) -> None:
+    with httpx.Client(base_url=api.url, timeout=10) as http:
+        document = http.get("/openapi.json").json()
+    missing = []
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            for status, response in operation["responses"].items():
+                contents = response.get("content") or {}
+                if not contents or any(not c.get("schema") for c in contents.values()):
+                    missing.append(f"{method.upper()} {path} {status}")
+    assert missing == []
+    chat = document["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
+    assert chat["application/json"]["schema"] == {"$ref": "#/components/schemas/ChatCompletion"}
+    assert "text/event-stream" in chat
+
+
 def test_a_workflow_id_that_is_not_a_uuid_is_400(api: Api) -> None:
     with api.http() as http:
         response = http.get("/v1/workflows/not-a-uuid")
@@ -705,6 +817,34 @@ def test_an_open_server_takes_any_key_until_one_exists(tmp_path: Path) -> None:
         assert reply.status_code == 404
     finally:
         server.close()
+
+
+def test_cors_answers_the_configured_origins_only(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'conductor.db'}"
+    allowed = "https://app.example.com"
+    server = LiveApi(
+        lambda: scripted_service(url, _workers()), open_access=True, cors_origins=[allowed]
+    )
+    try:
+        with httpx.Client(base_url=server.url, timeout=10) as http:
+            preflight = {
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "authorization, content-type",
+            }
+            ok = http.options("/v1/chat/completions", headers={"Origin": allowed, **preflight})
+            other = http.options(
+                "/v1/chat/completions", headers={"Origin": "https://evil.example", **preflight}
+            )
+            refused = http.get("/v1/models", headers={"Origin": allowed})  # no key: 401
+    finally:
+        server.close()
+
+    assert ok.status_code == 200
+    assert ok.headers["access-control-allow-origin"] == allowed
+    assert "authorization" in ok.headers["access-control-allow-headers"].lower()
+    assert "access-control-allow-origin" not in other.headers
+    # A refusal is readable by the page that asked (open mode takes any key: 200 here)
+    assert refused.headers["access-control-allow-origin"] == allowed
 
 
 def test_a_streamed_body_over_the_limit_is_413(api: Api) -> None:

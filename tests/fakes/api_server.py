@@ -34,7 +34,13 @@ _POOL_LINE = re.compile(r"^Model (\d+): worker (\w+)$", re.MULTILINE)
 class LiveApi:
     """Starts ``serve_api`` on free ports; ``url`` and ``grpc_address`` once it listens."""
 
-    def __init__(self, make_service: Callable[[], WorkflowService], *, open_access: bool = False):
+    def __init__(
+        self,
+        make_service: Callable[[], WorkflowService],
+        *,
+        open_access: bool = False,
+        cors_origins: Sequence[str] = (),
+    ):
         self.loop = LoopThread("test-api-loop")
         self._stop = asyncio.Event()
         self._ready = threading.Event()
@@ -52,6 +58,7 @@ class LiveApi:
                 port=0,
                 grpc_port=0,
                 open_access=open_access,
+                cors_origins=cors_origins,
                 on_ready=ready,
                 stop=self._stop,
                 grace_s=1,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -102,6 +104,13 @@ def _openapi_document(app: FastAPI) -> dict[str, Any]:
     error_schema = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
     schemas.update(error_schema.pop("$defs", {}))
     schemas["ErrorResponse"] = error_schema
+    schemas["Readiness"] = {
+        "type": "object",
+        "description": "status (ready or not ready), mode, and each check: ok or what is wrong",
+        "properties": {"status": {"type": "string"}, "mode": {"type": "string"}},
+        "required": ["status", "mode"],
+        "additionalProperties": {"type": "string"},
+    }
     document["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
     for path, operations in document["paths"].items():
@@ -116,7 +125,9 @@ def _openapi_document(app: FastAPI) -> dict[str, Any]:
     return document
 
 
-def create_app(service: WorkflowService, *, open_access: bool = False) -> FastAPI:
+def create_app(
+    service: WorkflowService, *, open_access: bool = False, cors_origins: Sequence[str] = ()
+) -> FastAPI:
     """The API over ``service``; ``open_access`` (embedded only) admits requests without a
     key while no key exists."""
     app = FastAPI(
@@ -143,7 +154,17 @@ def create_app(service: WorkflowService, *, open_access: bool = False) -> FastAP
         """The process answers (liveness)."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["Operations"], responses={503: {"description": "Not ready"}})
+    readiness = {"application/json": {"schema": {"$ref": "#/components/schemas/Readiness"}}}
+
+    @app.get(
+        "/readyz",
+        tags=["Operations"],
+        response_class=JSONResponse,
+        responses={
+            200: {"description": "Ready", "content": readiness},
+            503: {"description": "Not ready", "content": readiness},
+        },
+    )
     async def readyz() -> JSONResponse:
         """Database, broker and Redis (distributed; the planner is reported, not required) or
         database and workers (embedded)."""
@@ -154,7 +175,12 @@ def create_app(service: WorkflowService, *, open_access: bool = False) -> FastAP
         body = {"status": "ready" if ready else "not ready", "mode": service.mode, **checks}
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    @app.get("/metrics", tags=["Operations"], response_class=Response)
+    @app.get(
+        "/metrics",
+        tags=["Operations"],
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
     async def prometheus() -> Response:
         """Prometheus text format."""
         return metrics.exposition()
@@ -166,4 +192,14 @@ def create_app(service: WorkflowService, *, open_access: bool = False) -> FastAP
 
     app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(BodyLimit)
+    if cors_origins:
+        # Outermost, so refusals (401, 413) carry the headers a browser needs to read them.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "OpenAI-Beta"],
+            expose_headers=["x-should-retry", "Retry-After"],
+            max_age=600,
+        )
     return app

@@ -22,10 +22,12 @@ from conductor.chat import ChatMessage, Usage
 from conductor.errors import StepCallFailed
 from conductor.ports import StepCallResult
 from conductor_api.auth import CallerDep
-from conductor_api.errors import ApiError, error_body
+from conductor_api.errors import ApiError, error_body, without_addresses
 from conductor_api.metrics import ApiMetrics
 from conductor_api.reads import load_workflow
 from conductor_api.schemas import (
+    EVENT_STREAM,
+    ChatCompletion,
     ChatCompletionRequest,
     ChatMessageIn,
     ModelCard,
@@ -33,7 +35,7 @@ from conductor_api.schemas import (
     UsageView,
     WorkflowView,
 )
-from conductor_api.service import Caller, WorkflowService
+from conductor_api.service import CHAT_FIELDS, Caller, WorkflowService
 from conductor_api.sse import KEEPALIVE, STREAM_HEADERS, data_line, with_keepalive
 
 router = APIRouter(tags=["OpenAI-compatible"])
@@ -147,7 +149,17 @@ class _Chunks:
 DONE = "data: [DONE]\n\n"
 
 
-@router.post("/v1/chat/completions", response_model=None)
+@router.post(
+    "/v1/chat/completions",
+    response_model=None,
+    responses={
+        200: {
+            "model": ChatCompletion,
+            "description": "A chat.completion; with stream=true, chat.completion.chunk events",
+            "content": EVENT_STREAM,
+        }
+    },
+)
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, caller: CallerDep
 ) -> JSONResponse | StreamingResponse:
@@ -172,6 +184,7 @@ async def chat_completions(
         max_steps=options.max_steps if options else None,
         cost_weight=options.cost_weight if options else None,
         metadata=body.metadata,
+        fields=CHAT_FIELDS,
     )
     workflow_id = await service.submit(submission)
     metrics.workflows.labels(submission.variant.name).inc()
@@ -204,9 +217,9 @@ def _unknown_model(model: str) -> ApiError:
 
 
 def _workflow_failed(view: WorkflowView) -> ApiError:
-    return ApiError(
-        502, f"workflow {view.id} failed: {view.error or 'no answer'}", code="workflow_failed"
-    )
+    reason = without_addresses(view.error or "no answer")
+    message = f"workflow {view.id} failed: {reason}"
+    return ApiError(502, message, code="workflow_failed", retry=False)
 
 
 async def _outcome(
@@ -216,9 +229,8 @@ async def _outcome(
         async with asyncio.timeout(timeout_s):
             await service.wait_for_outcome(workflow_id, tenant)
     except TimeoutError:
-        raise ApiError(
-            504, f"workflow {workflow_id} did not finish within {timeout_s:g} s", code="timeout"
-        ) from None
+        message = f"workflow {workflow_id} did not finish within {timeout_s:g} s"
+        raise ApiError(504, message, code="timeout", retry=False) from None
     view = await asyncio.to_thread(load_workflow, service.engine, workflow_id, tenant)
     if view is None:  # deleted meanwhile
         raise ApiError(404, f"workflow {workflow_id} not found", code="not_found")
@@ -315,7 +327,11 @@ async def _call(call: Call, metrics: ApiMetrics, worker: str) -> StepCallResult:
         result = await call()
     except StepCallFailed as exc:
         metrics.passthrough.labels(worker, "failed").inc()
-        raise ApiError(502, f"{worker}: {exc}", code="worker_failed") from None
+        # The gateway retried already (and fell back where the pool says so).
+        reason = without_addresses(str(exc))
+        named = reason.startswith((worker, f"worker {worker!r}"))
+        message = reason if named else f"{worker}: {reason}"
+        raise ApiError(502, message, code="worker_failed", retry=False) from None
     metrics.passthrough.labels(worker, "ok").inc()
     return result
 

@@ -8,6 +8,7 @@ what was wrong and how to fix it, and nothing internal (or secret) leaks into it
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -32,16 +33,39 @@ _TYPES = {
 
 
 class ApiError(Exception):
-    """A refusal with its HTTP status; raised anywhere below a route."""
+    """A refusal with its HTTP status; raised anywhere below a route. ``retry`` False tells
+    the OpenAI SDKs (``x-should-retry: false``) that sending it again would only repeat it:
+    a workflow that failed or ran out of time would run, and cost, again."""
 
     def __init__(
-        self, status: int, message: str, *, code: str | None = None, param: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        retry: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
+        self.retry = retry
+
+
+# Provider endpoints and internal hosts in the error texts of workers and workflows: clients
+# get the reason without the address (the trace in the database and the logs keep it).
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,:;)]")
+_ADDRESS = re.compile(
+    r"\b(?:\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?|(?=[\w.-]*[A-Za-z])[\w-]+(?:\.[\w-]+)*:\d{2,5})\b"
+)
+HIDDEN_ADDRESS = "[internal address]"
+
+
+def without_addresses(text: str) -> str:
+    """``text`` with every URL, IP address and host:port replaced by a placeholder."""
+    return _ADDRESS.sub(HIDDEN_ADDRESS, _URL.sub(HIDDEN_ADDRESS, text))
 
 
 def not_found(what: str) -> ApiError:
@@ -56,7 +80,9 @@ def error_body(
 
 
 def error_response(error: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else {}
+    if error.retry is not None:
+        headers["x-should-retry"] = "true" if error.retry else "false"
     body = error_body(error.status, error.message, code=error.code, param=error.param)
     return JSONResponse(body, status_code=error.status, headers=headers)
 
@@ -77,15 +103,24 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc)
 
     async def invalid(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(ApiError(400, str(exc)))
+        assert isinstance(exc, InvalidRequest)
+        return error_response(ApiError(400, str(exc), param=exc.param))
 
     async def database_unavailable(_: Request, exc: Exception) -> JSONResponse:
         logger.error("%s", exc)
         message = "the trace database is unavailable; nothing was started, try again later"
         return error_response(ApiError(503, message, code="database_unavailable"))
 
-    async def validation(_: Request, exc: Exception) -> JSONResponse:
+    async def validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
+        content_type = request.headers.get("content-type", "")
+        if request.method == "POST" and "json" not in content_type:
+            # curl -d sends a form's content type: the body was never read as JSON.
+            message = (
+                "send the body as JSON with the header Content-Type: application/json "
+                f"(this request's content type: {content_type or 'none'})"
+            )
+            return error_response(ApiError(400, message, code="unsupported_content_type"))
         message, param = _validation_message(exc)
         return error_response(ApiError(400, message, param=param))
 
@@ -96,7 +131,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")
-        return error_response(ApiError(500, "internal error; the server log has the details"))
+        # Not retried by the SDKs: what failed may have started work a retry would repeat.
+        message = "internal error; the server log has the details"
+        return error_response(ApiError(500, message, retry=False))
 
     app.add_exception_handler(ApiError, api_error)
     app.add_exception_handler(InvalidRequest, invalid)

@@ -15,6 +15,7 @@ from conductor_api.auth import CallerDep
 from conductor_api.errors import ApiError, not_found
 from conductor_api.reads import MAX_SEQUENCE, load_events, load_workflow, store_feedback
 from conductor_api.schemas import (
+    EVENT_STREAM,
     EventView,
     Feedback,
     FeedbackStored,
@@ -60,7 +61,7 @@ async def get_workflow(workflow_id: uuid.UUID, request: Request, caller: CallerD
 @router.get(
     "/{workflow_id}/events",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {}}, "model": EventView}},
+    responses={200: {"content": EVENT_STREAM, "model": EventView}},
 )
 async def workflow_events(
     workflow_id: uuid.UUID,

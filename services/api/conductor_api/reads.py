@@ -20,6 +20,7 @@ from conductor_adapters.store.models import (
     step_table,
     workflow_table,
 )
+from conductor_api.errors import without_addresses
 from conductor_api.schemas import EventView, StepView, UsageView, WorkflowView
 
 MAX_SEQUENCE = 2**31 - 1  # event sequences are 32-bit integers in the database
@@ -80,7 +81,7 @@ def _view(
         planner_calls=workflow["planner_calls"],
         steps=[_step_view(s, attempts.get(s["id"], [])) for s in steps],
         answer=workflow["answer"],
-        error=workflow["error"],
+        error=_hidden(workflow["error"]),
         usage=UsageView(**_usage(workflow), total_tokens=workflow["total_tokens"]),
         cost_usd=workflow["cost_usd"],
         latency_ms=workflow["latency_ms"],
@@ -106,11 +107,37 @@ _NOT_IN_ATTEMPT = {"id", "step_id", *_USAGE}
 
 
 def _step_view(step: RowMapping, attempts: list[RowMapping]) -> StepView:
+    fields = _fields(step, _NOT_IN_STEP_VIEW)
+    fields["error"] = _hidden(fields.get("error"))
     return StepView(
-        **_fields(step, _NOT_IN_STEP_VIEW),
+        **fields,
         usage=_usage(step),
-        attempts=[AttemptRecord(**_fields(a, _NOT_IN_ATTEMPT), usage=_usage(a)) for a in attempts],
+        attempts=[_attempt(a) for a in attempts],
     )
+
+
+def _attempt(row: RowMapping) -> AttemptRecord:
+    fields = _fields(row, _NOT_IN_ATTEMPT)
+    fields["error"] = _hidden(fields.get("error"))
+    return AttemptRecord(**fields, usage=_usage(row))
+
+
+def _hidden(error: str | None) -> str | None:
+    """An error as clients read it: provider endpoints and internal hosts replaced (the trace
+    table keeps them, for operators)."""
+    return None if error is None else without_addresses(error)
+
+
+def _payload(data: Any) -> Any:
+    """An event's payload with ``_hidden`` applied to every ``error`` in it."""
+    if isinstance(data, dict):
+        return {
+            k: _hidden(v) if k == "error" and isinstance(v, str) else _payload(v)
+            for k, v in data.items()
+        }
+    if isinstance(data, list):
+        return [_payload(v) for v in data]
+    return data
 
 
 EVENTS_PER_READ = 500
@@ -136,7 +163,7 @@ def load_events(
                 sequence=r["sequence"],
                 kind=r["kind"],
                 at=r["at"],
-                data=r["payload"],
+                data=_payload(r["payload"]),
             )
             for r in conn.execute(query).mappings()
         ]

@@ -27,6 +27,8 @@ from conductor.workflow import AttemptRecord, PlanOutcome, StepRecord
 MAX_MESSAGES = 256
 MAX_POOL_NAMES = 64
 MAX_LABELS = 32
+MAX_NAME_CHARS = 128  # a model, worker or label name
+MAX_LABEL_VALUE_CHARS = 512
 
 
 def _no_nul(value: str) -> str:
@@ -37,8 +39,8 @@ def _no_nul(value: str) -> str:
 
 
 NoNul = AfterValidator(_no_nul)
-Name = Annotated[str, StringConstraints(min_length=1, max_length=128), NoNul]
-LabelValue = Annotated[str, StringConstraints(max_length=512), NoNul]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS), NoNul]
+LabelValue = Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE_CHARS), NoNul]
 # Message content, checked for NUL by its message (a check inside the content's union would put
 # pydantic's union member names into the error's param).
 ContentText = Annotated[str, StringConstraints(max_length=MAX_QUESTION_CHARS)]
@@ -221,3 +223,53 @@ class ErrorResponse(BaseModel):
     """Every error, as the OpenAI API writes it."""
 
     error: ErrorDetail
+
+
+# -- what chat completions answer (documented in the OpenAPI document; the route writes the
+# same JSON directly, without a second walk through these models) --------------------------
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+    refusal: str | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop"]
+    logprobs: None = None
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails
+
+
+class ChatCompletion(BaseModel):
+    """A ``chat.completion``; ``conductor`` holds the workflow (id, variant, status, steps,
+    cost) or, for a worker called directly, the worker that answered and its cost."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage
+    conductor: dict[str, Any]
+
+
+# Server-sent events, as the OpenAPI document describes a stream's body.
+EVENT_STREAM = {"text/event-stream": {"schema": {"type": "string", "format": "event-stream"}}}

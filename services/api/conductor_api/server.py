@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
@@ -63,6 +63,7 @@ async def serve_api(
     port: int,
     grpc_port: int | None,
     open_access: bool = False,
+    cors_origins: Sequence[str] = (),
     grace_s: float = 10.0,
     on_ready: Callable[[Listening], None] = lambda _: None,
     stop: asyncio.Event | None = None,
@@ -80,7 +81,7 @@ async def serve_api(
             await grpc_server.start()
             grpc_address = f"{host}:{bound}"
         config = uvicorn.Config(
-            create_app(service, open_access=open_access),
+            create_app(service, open_access=open_access, cors_origins=cors_origins),
             host=host,
             port=port,
             log_level="warning",

@@ -24,11 +24,16 @@ from conductor.machine import FINAL_EVENT_KINDS
 from conductor.orchestration import check_no_nul, check_question
 from conductor.pool import Pool
 from conductor.ports import StepCallResult
-from conductor.variants import Variant, get_variant
+from conductor.variants import MAX_STEPS_LIMIT, Variant, get_variant
 from conductor_adapters.store.keys import CachedKeys
 from conductor_adapters.store.runs import SubmitRequest
 from conductor_api.reads import EVENTS_PER_READ, load_events, outcome_passed, outcome_stored
-from conductor_api.schemas import EventView
+from conductor_api.schemas import (
+    MAX_LABEL_VALUE_CHARS,
+    MAX_LABELS,
+    MAX_NAME_CHARS,
+    EventView,
+)
 
 # A reader re-reads a workflow's events this often when announcements may not reach it (a
 # workflow run by another process, announcements interrupted)...
@@ -36,6 +41,52 @@ POLL_INTERVAL_S = 1.0
 # ...and this often when every event is announced to it: a safety net only, so the CPU a
 # waiting reader costs does not grow with how long it waits.
 ANNOUNCED_POLL_S = 10.0
+
+
+@dataclass(frozen=True)
+class SubmitFields:
+    """What a front end calls each part of a submission, for the errors that name it."""
+
+    question: str = "question"
+    variant: str = "variant"
+    pool: str = "pool"
+    max_steps: str = "max_steps"
+    cost_weight: str = "cost_weight"
+    labels: str = "metadata"
+
+
+# The job API's and gRPC's names; chat completions carry the options under "conductor".
+JOB_FIELDS = SubmitFields()
+CHAT_FIELDS = SubmitFields(
+    question="messages",
+    variant="model",
+    pool="conductor.pool",
+    max_steps="conductor.max_steps",
+    cost_weight="conductor.cost_weight",
+)
+
+
+def check_labels(labels: Mapping[str, str], field: str) -> None:
+    """The HTTP schemas' limits on labels, for every front end (gRPC's arrive unchecked)."""
+    if len(labels) > MAX_LABELS:
+        raise InvalidRequest(
+            f"{field}: at most {MAX_LABELS} labels, not {len(labels)}", param=field
+        )
+    for key, value in labels.items():
+        if not 1 <= len(key) <= MAX_NAME_CHARS:
+            raise InvalidRequest(
+                f"{field}: a label's name has 1 to {MAX_NAME_CHARS} characters, not {len(key)}",
+                param=field,
+            )
+        if len(value) > MAX_LABEL_VALUE_CHARS:
+            raise InvalidRequest(
+                f"{field}: the label {key!r} is longer than {MAX_LABEL_VALUE_CHARS} characters",
+                param=field,
+            )
+        try:
+            check_no_nul(f"the label {key!r}", key + value)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"{field}: {exc}", param=field) from None
 
 
 @dataclass(frozen=True)
@@ -162,17 +213,32 @@ class WorkflowService(ABC):
     # -- shared rules -----------------------------------------------------------------------
 
     def variant_for(
-        self, name: str | None, max_steps: int | None, cost_weight: float | None = None
+        self,
+        name: str | None,
+        max_steps: int | None,
+        cost_weight: float | None = None,
+        fields: SubmitFields = JOB_FIELDS,
     ) -> Variant:
         """The variant a request names (the default when it names none), with its max_steps
-        and router cost weight."""
-        variant = get_variant(name or self.default_variant, self.variants)
+        and router cost weight. Checked here, not only by the HTTP schemas: gRPC requests
+        arrive unvalidated."""
+        try:
+            variant = get_variant(name or self.default_variant, self.variants)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"{fields.variant}: {exc}", param=fields.variant) from None
         if max_steps is not None:
+            if not 1 <= max_steps <= MAX_STEPS_LIMIT:
+                raise InvalidRequest(
+                    f"{fields.max_steps} must be 1 to {MAX_STEPS_LIMIT}, not {max_steps}",
+                    param=fields.max_steps,
+                )
             variant = variant.model_copy(update={"max_steps": max_steps})
         if cost_weight is not None:
-            # Checked here, not only by the HTTP schema: gRPC requests arrive unvalidated.
             if not math.isfinite(cost_weight) or cost_weight < 0:
-                raise InvalidRequest(f"cost_weight must be a number >= 0, not {cost_weight}")
+                raise InvalidRequest(
+                    f"{fields.cost_weight} must be a number >= 0, not {cost_weight}",
+                    param=fields.cost_weight,
+                )
             variant = variant.model_copy(update={"router_cost_weight": cost_weight})
         return variant
 
@@ -182,7 +248,9 @@ class WorkflowService(ABC):
             return names
         return [n for n in names if n in caller.allowed_pool]
 
-    def resolve_pool(self, caller: Caller, requested: Sequence[str] | None) -> list[str] | None:
+    def resolve_pool(
+        self, caller: Caller, requested: Sequence[str] | None, fields: SubmitFields = JOB_FIELDS
+    ) -> list[str] | None:
         """The workers a request may use: what it asked for, checked against the pool and the
         caller's key; None means every worker of the pool (a key without limits)."""
         if requested is None:
@@ -191,15 +259,17 @@ class WorkflowService(ABC):
         unknown = [n for n in wanted if n not in self.worker_names]
         if unknown:
             raise InvalidRequest(
-                f"conductor.pool: workers not in the pool: {', '.join(unknown)} "
-                f"(known: {', '.join(self.worker_names)})"
+                f"{fields.pool}: workers not in the pool: {', '.join(unknown)} "
+                f"(known: {', '.join(self.worker_names)})",
+                param=fields.pool,
             )
         if caller.allowed_pool is not None:
             refused = [n for n in wanted if n not in caller.allowed_pool]
             if refused:
                 raise InvalidRequest(
-                    f"conductor.pool: this API key may not use {', '.join(refused)} "
-                    f"(allowed: {', '.join(caller.allowed_pool)})"
+                    f"{fields.pool}: this API key may not use {', '.join(refused)} "
+                    f"(allowed: {', '.join(caller.allowed_pool)})",
+                    param=fields.pool,
                 )
         return wanted
 
@@ -213,18 +283,23 @@ class WorkflowService(ABC):
         max_steps: int | None = None,
         cost_weight: float | None = None,
         metadata: Mapping[str, str] | None = None,
+        fields: SubmitFields = JOB_FIELDS,
     ) -> SubmitRequest:
         """A request checked against every rule before anything is recorded: the question,
-        the variant, max_steps, and the pool against the pool and the caller's key."""
-        check_question(question)
-        for key, value in (metadata or {}).items():
-            check_no_nul(f"the label {key!r}", key + value)
+        the variant, max_steps, the labels, and the pool against the pool and the caller's
+        key. Errors name the field at fault as ``fields`` calls it."""
+        try:
+            check_question(question)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"{fields.question}: {exc}", param=fields.question) from None
+        labels = dict(metadata or {})
+        check_labels(labels, fields.labels)
         return SubmitRequest(
             question=question,
-            variant=self.variant_for(variant, max_steps, cost_weight),
-            pool=self.resolve_pool(caller, pool),
+            variant=self.variant_for(variant, max_steps, cost_weight, fields),
+            pool=self.resolve_pool(caller, pool, fields),
             tenant=caller.tenant,
-            metadata=dict(metadata or {}),
+            metadata=labels,
         )
 
     async def wait_for_outcome(self, workflow_id: uuid.UUID, tenant: str) -> None:
