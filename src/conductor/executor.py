@@ -18,6 +18,7 @@ from conductor.errors import ConfigurationError, InvalidRequest, StepCallFailed
 from conductor.machine import (
     Aborted,
     Action,
+    Cancelled,
     Fact,
     PlanFailed,
     PlanReady,
@@ -103,8 +104,10 @@ class WorkflowExecutor:
         except TimeoutError:
             reason = f"no answer within the workflow deadline of {variant.workflow_timeout_s:g} s"
             machine.apply(Aborted(reason))
-        except asyncio.CancelledError:
-            machine.apply(Aborted("cancelled before it finished"))
+        except asyncio.CancelledError as exc:
+            # task.cancel(Cancelled(reason)) is its client's cancel; any other, the process's.
+            cancel = next((a for a in exc.args if isinstance(a, Cancelled)), None)
+            machine.apply(cancel or Aborted("cancelled before it finished"))
             raise
         except Exception as exc:  # recorded, never lost: the trace says what went wrong
             machine.apply(Aborted(f"internal error: {type(exc).__name__}: {exc}"))

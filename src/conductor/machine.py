@@ -58,11 +58,12 @@ class EventKind(StrEnum):
     STEP_FINISHED = "step_finished"
     COMPLETED = "completed"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
     @property
     def final(self) -> bool:
         """The workflow's outcome: no event comes after it."""
-        return self in (EventKind.COMPLETED, EventKind.FAILED)
+        return self in (EventKind.COMPLETED, EventKind.FAILED, EventKind.CANCELLED)
 
 
 FINAL_EVENT_KINDS = frozenset(k.value for k in EventKind if k.final)
@@ -129,13 +130,29 @@ class MessagesLost:
 
 @dataclass(frozen=True)
 class Aborted:
-    """The workflow ends without an answer (cancelled, timed out in its driver, or refused)."""
+    """The workflow ends without an answer (its runtime stopped, timed out in its driver, or
+    refused): it failed."""
 
     reason: str
 
 
+@dataclass(frozen=True)
+class Cancelled:
+    """Its client cancelled the workflow, or went away while waiting for its answer: it ends
+    cancelled, and the steps still running are cancelled with it."""
+
+    reason: str = "cancelled by its client"
+
+
 Fact = (
-    PlanReady | PlanFailed | StepSucceeded | StepFailed | DeadlinesPassed | MessagesLost | Aborted
+    PlanReady
+    | PlanFailed
+    | StepSucceeded
+    | StepFailed
+    | DeadlinesPassed
+    | MessagesLost
+    | Aborted
+    | Cancelled
 )
 
 
@@ -240,6 +257,8 @@ class WorkflowMachine:
                 return self._messages_lost()
             case Aborted(reason=reason):
                 return self._fail(reason)
+            case Cancelled(reason=reason):
+                return self._cancel(reason)
 
     # -- the way out ------------------------------------------------------------------------
 
@@ -531,6 +550,13 @@ class WorkflowMachine:
             return False
         self.result.status, self.result.error = WorkflowStatus.FAILED, reason
         self._end(EventKind.FAILED)
+        return True
+
+    def _cancel(self, reason: str) -> bool:
+        if self.state.finished:
+            return False
+        self.result.status, self.result.error = WorkflowStatus.CANCELLED, reason
+        self._end(EventKind.CANCELLED)
         return True
 
     def _complete(self) -> None:

@@ -23,6 +23,7 @@ AGGREGATOR_QUEUE = "aggregator"
 START_WORKFLOW_TASK = "conductor.aggregator.start_workflow"
 PLAN_ROUND_TASK = "conductor.aggregator.plan_round"
 STEP_RESULT_TASK = "conductor.aggregator.step_result"
+CANCEL_WORKFLOW_TASK = "conductor.aggregator.cancel_workflow"
 MAX_MESSAGES = 200
 
 

@@ -153,11 +153,12 @@ class WorkflowStatus(StrEnum):
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
+    CANCELLED = "cancelled"  # its client cancelled it, or went away while waiting for it
 
     @property
     def terminal(self) -> bool:
         """Ended for good, with an answer or without one."""
-        return self in (WorkflowStatus.COMPLETED, WorkflowStatus.FAILED)
+        return self in (WorkflowStatus.COMPLETED, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED)
 
 
 TERMINAL_WORKFLOW_STATUSES = frozenset(s for s in WorkflowStatus if s.terminal)

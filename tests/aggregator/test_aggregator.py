@@ -203,6 +203,28 @@ def test_every_message_delivered_twice_changes_nothing(engine: Engine, loop: Loo
         assert _metric(aggregator, "conductor_step_duration_seconds_count", **step) == 1
 
 
+def test_a_workflow_cancelled_before_it_started_never_starts(
+    engine: Engine, loop: LoopThread
+) -> None:
+    # Given a submitted workflow whose start message has not been handled yet
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS])
+    workflow_id = _submit(engine)
+
+    # When its cancel is handled first, then its start
+    aggregator.cancel(workflow_id, "cancelled by its client")
+    aggregator.start(workflow_id)
+
+    # Then it ended cancelled, and nothing was planned or called
+    with engine.connect() as conn:
+        run = load_run(conn, workflow_id)
+    assert run is not None
+    assert run.state is not None
+    assert run.state.result.status is WorkflowStatus.CANCELLED
+    assert run.state.result.error == "cancelled by its client"
+    assert app.take(PLAN_ROUND_TASK) == []
+    assert app.take(CALL_WORKER_TASK) == []
+
+
 def test_an_answer_the_database_cannot_store_fails_the_workflow_once(
     engine: Engine, loop: LoopThread
 ) -> None:

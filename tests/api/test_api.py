@@ -39,7 +39,8 @@ from fakes.distributed import distributed_stack
 from fakes.metrics import samples
 from fakes.scripted import ScriptedWorker
 
-NAMES = ["alpha", "beta", "gamma", "delta"]
+NAMES = ["alpha", "beta", "gamma", "delta", "slow"]
+SLOW_S = 60.0  # slow answers after a minute: long enough to be cancelled first
 # delta is always down, and its pool entry falls back to alpha.
 FALLBACKS = {"delta": ["alpha"]}
 DELTA_URL = "http://10.20.30.40:8000/v1/chat/completions"
@@ -56,12 +57,14 @@ def _workers() -> list[ScriptedWorker]:
         ScriptedWorker("gamma", delay_s=0.6, answer=_answer("gamma")),  # slow: for events
         # Its failure names an internal address: clients must not see it, the trace keeps it.
         ScriptedWorker("delta", fail_with=WorkerUnavailable(f"delta is down at {DELTA_URL}")),
+        ScriptedWorker("slow", delay_s=SLOW_S),
     ]
 
 
 @dataclass
 class Api:
     server: LiveApi
+    workers: dict[str, ScriptedWorker]
     key: str  # tenant acme, any worker
     other_key: str  # tenant globex
     alpha_key: str  # tenant acme, may use alpha only
@@ -122,6 +125,7 @@ def api(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         engine = server.service.engine
         yield Api(
             server=server,
+            workers={w.name: w for w in workers},
             key=create_key(engine, "acme").secret,
             other_key=create_key(engine, "globex").secret,
             alpha_key=create_key(engine, "acme", allowed_pool=["alpha"]).secret,
@@ -478,6 +482,156 @@ def test_grpc_refuses_what_http_refuses(api: Api, request_fields: dict[str, Any]
         http_refused = http.post("/v1/workflows", json={"question": "6 * 7", **request_fields})
     assert http_refused.status_code == 400
     assert _workflow_count(api) == before
+
+
+# -- cancelling ---------------------------------------------------------------------------------
+
+SLOW_JOB = {"question": "What is 6 * 7?", "pool": ["slow"], "metadata": {"ticket": "T-9"}}
+
+
+def _until_status(api: Api, workflow_id: str, status: str, timeout_s: float = 20) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        workflow = _workflow(api, workflow_id)
+        if workflow["status"] == status or time.monotonic() > deadline:
+            return workflow
+        time.sleep(0.1)
+
+
+def _started(api: Api, workflow_id: str) -> None:
+    """Waits until the slow worker has its call: the workflow is running a step."""
+    running = _until_status(api, workflow_id, "running")
+    assert running["status"] == "running", running["status"]
+    deadline = time.monotonic() + 20
+    while not _workflow(api, workflow_id)["steps"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def test_a_running_job_is_cancelled_with_its_provider_call(api: Api) -> None:
+    # Given a job whose only worker takes a minute, running its step
+    api.workers["slow"].cancellation.clear()
+    with api.http() as http:
+        workflow_id = http.post("/v1/workflows", json=SLOW_JOB).json()["id"]
+        _started(api, workflow_id)
+
+        # When its client cancels it, twice
+        started = time.monotonic()
+        cancelled = http.post(f"/v1/workflows/{workflow_id}/cancel")
+        took = time.monotonic() - started
+        again = http.post(f"/v1/workflows/{workflow_id}/cancel")
+        with api.http(api.other_key) as other_http:
+            other = other_http.post(f"/v1/workflows/{workflow_id}/cancel")
+
+    # Then it ends cancelled at once, its step too, and the provider call was stopped
+    assert cancelled.status_code == 200, cancelled.text
+    view = cancelled.json()
+    assert view["status"] == "cancelled"
+    assert view["error"] == "cancelled by its client"
+    assert [s["status"] for s in view["steps"]] == ["cancelled"]
+    assert took < SLOW_S / 4
+    assert api.workers["slow"].cancellation.wait(10), "the provider call went on"
+    assert again.status_code == 200
+    assert again.json()["status"] == "cancelled"
+    assert other.status_code == 404
+    events = _events(api, workflow_id)
+    assert events[-1][1] == "cancelled"
+    assert events[-1][2]["data"]["status"] == "cancelled"
+
+
+def test_cancelling_a_finished_workflow_leaves_it_as_it_was(api: Api) -> None:
+    with api.http() as http:
+        workflow_id = http.post("/v1/workflows", json={"question": "What is 6 * 7?"}).json()["id"]
+        _events(api, workflow_id)  # to its end
+        reply = http.post(f"/v1/workflows/{workflow_id}/cancel")
+    assert reply.status_code == 200
+    assert reply.json()["status"] == "completed"
+
+
+def test_grpc_cancel_ends_the_watch_with_cancelled_and_returns_the_labels(api: Api) -> None:
+    metadata = [("authorization", f"Bearer {api.key}")]
+    with grpc.insecure_channel(api.server.grpc_address) as channel:
+        stub = workflows_pb2_grpc.WorkflowsStub(channel)
+        accepted = stub.Submit(
+            workflows_pb2.SubmitRequest(question="6 * 7", pool=["slow"], metadata={"t": "1"}),
+            metadata=metadata,
+            timeout=10,
+        )
+        _started(api, accepted.workflow_id)
+        cancelled = stub.Cancel(
+            workflows_pb2.CancelRequest(workflow_id=accepted.workflow_id),
+            metadata=metadata,
+            timeout=30,
+        )
+        events = list(
+            stub.Watch(
+                workflows_pb2.WatchRequest(workflow_id=accepted.workflow_id),
+                metadata=metadata,
+                timeout=30,
+            )
+        )
+        with pytest.raises(grpc.RpcError) as missing:
+            stub.Cancel(
+                workflows_pb2.CancelRequest(workflow_id=str(uuid.uuid4())),
+                metadata=metadata,
+                timeout=10,
+            )
+    assert cancelled.status == common_pb2.WORKFLOW_STATUS_CANCELLED
+    assert dict(cancelled.metadata) == {"t": "1"}
+    assert events[-1].WhichOneof("payload") == "cancelled"
+    assert missing.value.code() is grpc.StatusCode.NOT_FOUND
+
+
+def test_a_chat_client_that_goes_away_cancels_its_workflow(api: Api) -> None:
+    # Given a chat request whose workflow takes a minute, from a client that waits 2 s
+    body = {"model": "conductor-ultra", "messages": QUESTION, "conductor": {"pool": ["slow"]}}
+    before = {w["id"] for w in _tenant_workflows(api)}
+    with (
+        httpx.Client(
+            base_url=api.url, headers={"Authorization": f"Bearer {api.key}"}, timeout=2
+        ) as http,
+        pytest.raises(httpx.ReadTimeout),
+    ):
+        # When it gives up
+        http.post("/v1/chat/completions", json=body)
+
+    # Then its workflow is cancelled, not left running for its minute
+    [workflow_id] = [w["id"] for w in _tenant_workflows(api) if w["id"] not in before]
+    workflow = _until_status(api, workflow_id, "cancelled")
+    assert workflow["status"] == "cancelled"
+    assert workflow["error"] == "its client went away before the answer"
+
+
+def test_a_streaming_chat_client_that_goes_away_cancels_its_workflow(api: Api) -> None:
+    body = {
+        "model": "conductor-ultra",
+        "messages": QUESTION,
+        "conductor": {"pool": ["slow"]},
+        "stream": True,
+    }
+    with api.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as response:
+        lines = response.iter_lines()  # kept: a dropped iterator closes the connection
+        first = next(lines)  # the role chunk, with the workflow's id
+        workflow_id = json.loads(first.removeprefix("data: "))["conductor"]["workflow_id"]
+        _started(api, workflow_id)
+    # the stream is closed here, before the answer
+
+    workflow = _until_status(api, workflow_id, "cancelled")
+    assert workflow["status"] == "cancelled"
+
+
+def test_a_job_runs_on_when_its_submitter_disconnects(api: Api) -> None:
+    with api.http() as http:
+        workflow_id = http.post("/v1/workflows", json={"question": "What is 6 * 7?"}).json()["id"]
+    # the client and its connection are gone
+    assert _until_status(api, workflow_id, "completed")["status"] == "completed"
+
+
+def _tenant_workflows(api: Api) -> list[dict[str, Any]]:
+    with api.server.service.engine.connect() as conn:
+        rows = conn.execute(
+            select(workflow_table.c.id).where(workflow_table.c.tenant == "acme")
+        ).all()
+    return [{"id": str(row.id)} for row in rows]
 
 
 # -- job API and events -------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from conductor.machine import (
     CONDUCTOR_ENTRY,
     Aborted,
     Action,
+    Cancelled,
     DeadlinesPassed,
     Dispatch,
     EventKind,
@@ -1118,6 +1119,35 @@ def test_aborted_ends_a_running_workflow_as_failed_and_cancels_its_running_steps
     assert [s.status for s in machine.result.steps] == [StepStatus.CANCELLED] * 3
     assert machine.take_events()[-1].kind is EventKind.FAILED
     assert machine.advance() == []
+
+
+def test_cancelled_ends_a_running_workflow_cancelled_and_cancels_its_running_steps() -> None:
+    machine, _ = planned(ULTRA, step(ALPHA, "a"), step(BETA, "b"), step(ALPHA, "c", 0))
+    machine.take_events()
+
+    applied = machine.apply(Cancelled("its client went away"))
+    again = machine.apply(Cancelled())
+    late = machine.apply(StepSucceeded(0, answer("too late")))
+
+    assert (applied, again, late) == (True, False, False)
+    assert (machine.result.status, machine.result.error) == (
+        WorkflowStatus.CANCELLED,
+        "its client went away",
+    )
+    assert machine.result.status.terminal
+    assert [s.status for s in machine.result.steps] == [StepStatus.CANCELLED] * 3
+    event = machine.take_events()[-1]
+    assert event.kind is EventKind.CANCELLED
+    assert event.kind.final
+    assert machine.advance() == []
+
+
+def test_a_finished_workflow_is_not_cancelled() -> None:
+    machine, _ = planned(MINI, step(ALPHA, "a"))
+    succeed(machine, 0, "42")
+
+    assert machine.apply(Cancelled()) is False
+    assert machine.result.status is WorkflowStatus.COMPLETED
 
 
 def test_aborted_while_a_plan_is_awaited_makes_the_late_plan_not_apply() -> None:

@@ -21,6 +21,7 @@ from sqlalchemy.exc import OperationalError as DatabaseError
 
 from conductor.errors import PlannerError
 from conductor.messaging import (
+    CANCEL_WORKFLOW_TASK,
     PLAN_ROUND_TASK,
     START_WORKFLOW_TASK,
     STEP_RESULT_TASK,
@@ -94,6 +95,14 @@ def register_aggregator_tasks(
             logger.warning("planning %s: %s; trying again in %g s", workflow_id, exc, delay)
             retries = settings.planner_retries
             raise self.retry(exc=exc, countdown=delay, max_retries=retries) from exc
+
+    @app.task(name=CANCEL_WORKFLOW_TASK, shared=False, bind=True)
+    def cancel_workflow(self: Task[Any, Any], workflow_id: str, reason: str) -> None:
+        parsed = _workflow_id(workflow_id)
+        if parsed is None:
+            count("cancel", "dropped")
+        else:
+            run(self, "cancel", lambda: aggregator().cancel(parsed, reason[:500]))
 
     @app.task(name=STEP_RESULT_TASK, shared=False, bind=True)
     def step_result(self: Task[Any, Any], reply: dict[str, Any]) -> None:

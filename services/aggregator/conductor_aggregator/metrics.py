@@ -24,7 +24,7 @@ class AggregatorMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.workflows = Counter(
             "conductor_workflows",
-            "Workflows that ended, by variant and outcome (completed or failed).",
+            "Workflows that ended, by variant and outcome (completed, failed or cancelled).",
             ["variant", "outcome"],
             registry=self.registry,
         )

@@ -28,6 +28,7 @@ from conductor.errors import ConfigurationError, PlannerError
 from conductor.machine import (
     Aborted,
     Action,
+    Cancelled,
     DeadlinesPassed,
     Dispatch,
     Fact,
@@ -140,21 +141,40 @@ class Aggregator:
     def start(self, workflow_id: uuid.UUID) -> None:
         def begin(conn: Connection, run: RunRow) -> WorkflowMachine | None:
             if run.state is not None:
-                return None  # a duplicate start: it is running already
-            request = run.request
-            entries, unknown = self._entries(request.pool)
-            machine = WorkflowMachine.start(
-                workflow_id=workflow_id,
-                question=request.question,
-                variant=request.variant,
-                entries=entries,
-                created_at=run.created_at,
-            )
-            if unknown:
-                machine.apply(Aborted(f"workers not in the pool: {', '.join(unknown)}"))
-            return machine
+                return None  # a duplicate start: it is running already (or was cancelled)
+            return self._new_machine(workflow_id, run)
 
         self._change(workflow_id, begin)
+
+    def _new_machine(self, workflow_id: uuid.UUID, run: RunRow) -> WorkflowMachine:
+        """The machine of a submitted run; it fails at once if its pool names workers this
+        aggregator's pool does not have."""
+        request = run.request
+        entries, unknown = self._entries(request.pool)
+        machine = WorkflowMachine.start(
+            workflow_id=workflow_id,
+            question=request.question,
+            variant=request.variant,
+            entries=entries,
+            created_at=run.created_at,
+        )
+        if unknown:
+            machine.apply(Aborted(f"workers not in the pool: {', '.join(unknown)}"))
+        return machine
+
+    def cancel(self, workflow_id: uuid.UUID, reason: str) -> None:
+        """End the workflow cancelled, started or not: a start that arrives later finds it
+        finished, and the gateways stop its calls in flight when its end is announced."""
+
+        def cancelling(conn: Connection, run: RunRow) -> WorkflowMachine | None:
+            if run.state is None:  # not started yet: started and ended in one change
+                machine = self._new_machine(workflow_id, run)
+                machine.apply(Cancelled(reason))
+                return machine
+            machine = WorkflowMachine(run.state)
+            return machine if machine.apply(Cancelled(reason)) else None
+
+        self._change(workflow_id, cancelling)
 
     def plan(self, workflow_id: uuid.UUID, round_no: int, *, final_try: bool = True) -> None:
         """Ask the planner for a round's plan. A retryable PlannerError is raised for the round

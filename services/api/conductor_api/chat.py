@@ -196,7 +196,7 @@ async def chat_completions(
             service, metrics, caller.tenant, workflow_id, chunks, include_usage, timeout_s
         )
         return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
-    view = await _outcome(service, workflow_id, caller.tenant, timeout_s)
+    view = await _outcome(service, workflow_id, caller.tenant, timeout_s, request)
     metrics.workflow(caller.tenant, view)
     if view.status != "completed":
         raise _workflow_failed(view)
@@ -223,18 +223,56 @@ def _workflow_failed(view: WorkflowView) -> ApiError:
 
 
 async def _outcome(
-    service: WorkflowService, workflow_id: uuid.UUID, tenant: str, timeout_s: float
+    service: WorkflowService,
+    workflow_id: uuid.UUID,
+    tenant: str,
+    timeout_s: float,
+    request: Request,
 ) -> WorkflowView:
+    """The finished workflow; if the client goes away first, the workflow is cancelled (a chat
+    request's answer has nobody else to go to: a job submitted to the job API runs on)."""
+    outcome = asyncio.ensure_future(service.wait_for_outcome(workflow_id, tenant))
+    gone = asyncio.ensure_future(_disconnected(request))
     try:
         async with asyncio.timeout(timeout_s):
-            await service.wait_for_outcome(workflow_id, tenant)
+            await asyncio.wait({outcome, gone}, return_when=asyncio.FIRST_COMPLETED)
     except TimeoutError:
         message = f"workflow {workflow_id} did not finish within {timeout_s:g} s"
         raise ApiError(504, message, code="timeout", retry=False) from None
+    finally:
+        gone.cancel()
+        if not outcome.done():
+            outcome.cancel()
+    if not outcome.done() or outcome.cancelled():
+        await service.cancel(workflow_id, tenant, CLIENT_GONE)
+    else:
+        outcome.result()  # raises what the wait raised
     view = await asyncio.to_thread(load_workflow, service.engine, workflow_id, tenant)
     if view is None:  # deleted meanwhile
         raise ApiError(404, f"workflow {workflow_id} not found", code="not_found")
     return view
+
+
+CLIENT_GONE = "its client went away before the answer"
+DISCONNECT_POLL_S = 0.5
+# Cancels started for streams whose client went away, kept until they end (a task nobody
+# holds can be collected before it runs).
+_cancelling: set[asyncio.Task[None]] = set()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has closed its connection. Polled: Starlette tells of a
+    disconnect only when asked."""
+    while not await request.is_disconnected():  # noqa: ASYNC110
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+def _cancel_in_background(service: WorkflowService, workflow_id: uuid.UUID, tenant: str) -> None:
+    """Cancel from a stream the server is tearing down: in a task of its own, outside the
+    stream's cancelled scope."""
+    task = asyncio.get_running_loop().create_task(service.cancel(workflow_id, tenant, CLIENT_GONE))
+    _cancelling.add(task)
+    task.add_done_callback(_cancelling.discard)
 
 
 async def _workflow_stream(
@@ -247,19 +285,25 @@ async def _workflow_stream(
     timeout_s: float,
 ) -> AsyncIterator[str]:
     start = {"workflow_id": str(workflow_id), "status": "running"}
-    yield chunks.delta({"role": "assistant", "content": ""}, conductor=start)
+    finished = False
     try:
+        yield chunks.delta({"role": "assistant", "content": ""}, conductor=start)
         async with asyncio.timeout(timeout_s):
             async for event in with_keepalive(service.follow(workflow_id, tenant)):
                 if event is None:
                     yield KEEPALIVE
                 else:  # progress, as a comment: OpenAI clients skip it, curl shows it
                     yield f": {event.kind} {event.sequence}\n\n"
+        finished = True
     except TimeoutError:
+        finished = True
         message = f"workflow {workflow_id} did not finish within {timeout_s:g} s"
         yield data_line(error_body(504, message, code="timeout"))
         yield DONE
         return
+    finally:
+        if not finished:  # the client went away (the server closes the stream) or it broke
+            _cancel_in_background(service, workflow_id, tenant)
     view = await asyncio.to_thread(load_workflow, service.engine, workflow_id, tenant)
     if view is not None:
         metrics.workflow(tenant, view)

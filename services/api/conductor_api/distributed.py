@@ -25,6 +25,7 @@ from sqlalchemy import Engine, text
 
 from conductor.chat import ChatMessage
 from conductor.machine import FINAL_EVENT_KINDS
+from conductor.messaging import AGGREGATOR_QUEUE, CANCEL_WORKFLOW_TASK
 from conductor.pool import Pool
 from conductor.ports import StepCallResult, StepRunner
 from conductor.variants import Variant
@@ -75,6 +76,15 @@ class DistributedWorkflows(WorkflowService):
 
     async def submit(self, request: SubmitRequest) -> uuid.UUID:
         return await asyncio.to_thread(submit_workflow, self.engine, self.app, request)
+
+    async def request_cancel(self, workflow_id: uuid.UUID, reason: str) -> None:
+        # The aggregators end it, under the run's lock, started or still queued.
+        await asyncio.to_thread(
+            self.app.send_task,
+            CANCEL_WORKFLOW_TASK,
+            args=[str(workflow_id), reason],
+            queue=AGGREGATOR_QUEUE,
+        )
 
     async def passthrough(
         self,

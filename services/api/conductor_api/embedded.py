@@ -12,7 +12,7 @@ from sqlalchemy import Connection, text
 from conductor.chat import ChatMessage
 from conductor.errors import ConfigurationError, DatabaseUnavailableError
 from conductor.executor import WorkflowExecutor
-from conductor.machine import utcnow
+from conductor.machine import Cancelled, utcnow
 from conductor.pool import Pool
 from conductor.ports import StepCallResult, StepRunner
 from conductor.variants import Variant
@@ -31,6 +31,7 @@ from conductor_adapters.store.traces import TraceStore
 from conductor_api.service import (
     ANNOUNCED_POLL_S,
     POLL_INTERVAL_S,
+    WorkflowElsewhere,
     WorkflowService,
 )
 
@@ -128,6 +129,15 @@ class EmbeddedWorkflows(WorkflowService):
             return
         # The run ends once its outcome is committed; no event read is needed to know it.
         await asyncio.wait({task})
+
+    async def request_cancel(self, workflow_id: uuid.UUID, reason: str) -> None:
+        task = self._running.get(workflow_id)
+        if task is None:
+            # Run by another `conductor serve` on this database, or it just ended: this process
+            # cannot reach it.
+            raise WorkflowElsewhere(workflow_id)
+        task.cancel(Cancelled(reason))
+        await asyncio.wait({task})  # its outcome, cancelled, is committed when it ends
 
     def _finished(self, workflow_id: uuid.UUID, task: asyncio.Task[WorkflowRecord]) -> None:
         self._running.pop(workflow_id, None)

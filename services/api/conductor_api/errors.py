@@ -72,6 +72,15 @@ def not_found(what: str) -> ApiError:
     return ApiError(404, f"{what} not found", code="not_found")
 
 
+def runs_elsewhere(workflow_id: object) -> ApiError:
+    return ApiError(
+        409,
+        f"workflow {workflow_id} runs in another conductor serve process on this database; "
+        "cancel it through that one",
+        code="runs_elsewhere",
+    )
+
+
 def error_body(
     status: int, message: str, *, code: str | None = None, param: str | None = None
 ) -> dict[str, Any]:

@@ -17,15 +17,16 @@ from conductor.errors import InvalidRequest
 from conductor.machine import FINAL_EVENT_KINDS
 from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
 from conductor_api.auth import identify
-from conductor_api.errors import ApiError
+from conductor_api.errors import ApiError, not_found, runs_elsewhere
 from conductor_api.reads import MAX_SEQUENCE, load_events, load_workflow
-from conductor_api.service import Caller, WorkflowService
+from conductor_api.service import Caller, WorkflowElsewhere, WorkflowService
 from conductor_api.wire import event_to_proto, workflow_to_proto
 
 _CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
     401: grpc.StatusCode.UNAUTHENTICATED,
     404: grpc.StatusCode.NOT_FOUND,
+    409: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
@@ -62,6 +63,17 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
         if view is None:
             await _abort(context, ApiError(404, f"workflow {workflow_id} not found"))
         return workflow_to_proto(view)
+
+    async def Cancel(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        caller = await self._caller(context)
+        workflow_id = await _workflow_id(request.workflow_id, context)
+        try:
+            await self.service.cancel(workflow_id, caller.tenant, "cancelled by its client")
+        except LookupError:
+            await _abort(context, not_found(f"workflow {workflow_id}"))
+        except WorkflowElsewhere:
+            await _abort(context, runs_elsewhere(workflow_id))
+        return await self.Get(workflows_pb2.GetRequest(workflow_id=str(workflow_id)), context)
 
     async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         caller = await self._caller(context)

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from conductor_api.auth import CallerDep
-from conductor_api.errors import ApiError, not_found
+from conductor_api.errors import ApiError, not_found, runs_elsewhere
 from conductor_api.reads import MAX_SEQUENCE, load_events, load_workflow, store_feedback
 from conductor_api.schemas import (
     EVENT_STREAM,
@@ -23,7 +23,7 @@ from conductor_api.schemas import (
     WorkflowSubmission,
     WorkflowView,
 )
-from conductor_api.service import WorkflowService
+from conductor_api.service import WorkflowElsewhere, WorkflowService
 from conductor_api.sse import KEEPALIVE, STREAM_HEADERS, event_frame, with_keepalive
 
 router = APIRouter(prefix="/v1/workflows", tags=["Workflows"])
@@ -100,6 +100,24 @@ async def _event_stream(
             yield KEEPALIVE
         else:
             yield event_frame(event.sequence, event.kind, event.model_dump(mode="json"))
+
+
+@router.post("/{workflow_id}/cancel", response_model=WorkflowView)
+async def cancel(workflow_id: uuid.UUID, request: Request, caller: CallerDep) -> WorkflowView:
+    """Cancel a queued or running workflow: its running steps are cancelled (their provider
+    calls too) and it ends ``cancelled``, its events with a ``cancelled`` event. Returns the
+    workflow; one that had ended already is returned as it is."""
+    service: WorkflowService = request.app.state.service
+    try:
+        await service.cancel(workflow_id, caller.tenant, "cancelled by its client")
+    except LookupError:
+        raise not_found(f"workflow {workflow_id}") from None
+    except WorkflowElsewhere:
+        raise runs_elsewhere(workflow_id) from None
+    view = await asyncio.to_thread(load_workflow, service.engine, workflow_id, caller.tenant)
+    if view is None:
+        raise not_found(f"workflow {workflow_id}")
+    return view
 
 
 @router.post("/{workflow_id}/feedback", response_model=FeedbackStored)

@@ -203,6 +203,16 @@ def outcome_stored(engine: Engine, workflow_id: uuid.UUID, tenant: str) -> bool 
     return None if row is None else bool(row.finished)
 
 
+def workflow_status(engine: Engine, workflow_id: uuid.UUID, tenant: str) -> str | None:
+    """The workflow's status as stored; None when it is not the tenant's (or does not exist)."""
+    query = select(workflow_table.c.status).where(
+        workflow_table.c.id == workflow_id, workflow_table.c.tenant == tenant
+    )
+    with engine.connect() as conn:
+        status: str | None = conn.execute(query).scalar_one_or_none()
+    return status
+
+
 def store_feedback(engine: Engine, workflow_id: uuid.UUID, tenant: str, score: float) -> bool:
     """Keep a client's score of the workflow (the reward training reads); the latest counts."""
     with engine.begin() as conn:

@@ -171,7 +171,7 @@ class WorkflowView(BaseModel):
 
     id: uuid.UUID
     object: Literal["workflow"] = "workflow"
-    status: Literal["queued", "running", "completed", "failed"]
+    status: Literal["queued", "running", "completed", "failed", "cancelled"]
     variant: str
     question: str
     metadata: dict[str, str]
@@ -193,7 +193,7 @@ class EventView(BaseModel):
 
     workflow_id: uuid.UUID
     sequence: int
-    kind: Literal["plan", "step_started", "step_finished", "completed", "failed"]
+    kind: Literal["plan", "step_started", "step_finished", "completed", "failed", "cancelled"]
     at: datetime
     data: dict[str, Any]
 

@@ -9,6 +9,7 @@ differ in how work starts and how new events are announced.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import uuid
 from abc import ABC, abstractmethod
@@ -25,9 +26,16 @@ from conductor.orchestration import check_no_nul, check_question
 from conductor.pool import Pool
 from conductor.ports import StepCallResult
 from conductor.variants import MAX_STEPS_LIMIT, Variant, get_variant
+from conductor.workflow import WorkflowStatus
 from conductor_adapters.store.keys import CachedKeys
 from conductor_adapters.store.runs import SubmitRequest
-from conductor_api.reads import EVENTS_PER_READ, load_events, outcome_passed, outcome_stored
+from conductor_api.reads import (
+    EVENTS_PER_READ,
+    load_events,
+    outcome_passed,
+    outcome_stored,
+    workflow_status,
+)
 from conductor_api.schemas import (
     MAX_LABEL_VALUE_CHARS,
     MAX_LABELS,
@@ -41,6 +49,12 @@ POLL_INTERVAL_S = 1.0
 # ...and this often when every event is announced to it: a safety net only, so the CPU a
 # waiting reader costs does not grow with how long it waits.
 ANNOUNCED_POLL_S = 10.0
+# How long a cancel waits for the cancelled outcome to be stored before it answers.
+CANCEL_WAIT_S = 10.0
+
+
+class WorkflowElsewhere(Exception):
+    """The workflow runs in another process, which this one cannot reach to cancel it."""
 
 
 @dataclass(frozen=True)
@@ -194,6 +208,25 @@ class WorkflowService(ABC):
     ) -> StepCallResult:
         """One call to one worker, with the gateway's retries, quotas and costs; its fallbacks
         only among ``allowed_workers`` (the caller's key's pool; None: any)."""
+
+    @abstractmethod
+    async def request_cancel(self, workflow_id: uuid.UUID, reason: str) -> None:
+        """Ask the runtime to end a running or queued workflow cancelled (``cancel`` checks
+        first that it is the caller's and still running)."""
+
+    async def cancel(self, workflow_id: uuid.UUID, tenant: str, reason: str) -> None:
+        """Cancel the tenant's workflow unless it has ended, and wait (``CANCEL_WAIT_S`` at
+        most) for its outcome to be stored. Raises LookupError when the workflow is not the
+        tenant's, WorkflowElsewhere when this process cannot reach the one that runs it."""
+        status = await asyncio.to_thread(workflow_status, self.engine, workflow_id, tenant)
+        if status is None:
+            raise LookupError(workflow_id)
+        if WorkflowStatus(status).terminal:
+            return
+        await self.request_cancel(workflow_id, reason)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CANCEL_WAIT_S):
+                await self.wait_for_outcome(workflow_id, tenant)
 
     # Checks /readyz reports without failing on: a dependency every replica shares, whose
     # outage taking every API pod out of its Service would turn clear errors into refused

@@ -17,6 +17,7 @@ WORKFLOW_STATUS = {
     "running": common_pb2.WORKFLOW_STATUS_RUNNING,
     "completed": common_pb2.WORKFLOW_STATUS_COMPLETED,
     "failed": common_pb2.WORKFLOW_STATUS_FAILED,
+    "cancelled": common_pb2.WORKFLOW_STATUS_CANCELLED,
 }
 STEP_STATUS = {
     StepStatus.PENDING: common_pb2.STEP_STATUS_PENDING,
@@ -96,6 +97,7 @@ def workflow_to_proto(view: WorkflowView) -> Any:
         latency_ms=view.latency_ms,
         created_at=timestamp(view.created_at),
         plan_valid=view.plan_valid,
+        metadata=view.metadata,
         **_optional(
             answer=view.answer,
             error=view.error,
@@ -105,7 +107,7 @@ def workflow_to_proto(view: WorkflowView) -> Any:
 
 
 def event_to_proto(event: EventView, outcome: WorkflowView | None = None) -> Any:
-    """``outcome``: the finished workflow, for the completed and failed events."""
+    """``outcome``: the finished workflow, for the completed, failed and cancelled events."""
     payload: dict[str, Any]
     if event.kind == "plan":
         payload = {"plan": outcome_to_proto(PlanOutcome.model_validate(event.data))}

@@ -38,6 +38,7 @@ class WorkflowStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WORKFLOW_STATUS_RUNNING: _ClassVar[WorkflowStatus]
     WORKFLOW_STATUS_COMPLETED: _ClassVar[WorkflowStatus]
     WORKFLOW_STATUS_FAILED: _ClassVar[WorkflowStatus]
+    WORKFLOW_STATUS_CANCELLED: _ClassVar[WorkflowStatus]
 ATTEMPT_STATUS_UNSPECIFIED: AttemptStatus
 ATTEMPT_STATUS_OK: AttemptStatus
 ATTEMPT_STATUS_ERROR: AttemptStatus
@@ -55,6 +56,7 @@ WORKFLOW_STATUS_QUEUED: WorkflowStatus
 WORKFLOW_STATUS_RUNNING: WorkflowStatus
 WORKFLOW_STATUS_COMPLETED: WorkflowStatus
 WORKFLOW_STATUS_FAILED: WorkflowStatus
+WORKFLOW_STATUS_CANCELLED: WorkflowStatus
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "total_tokens", "cached_tokens", "reasoning_tokens")
@@ -211,7 +213,14 @@ class PlannerCall(_message.Message):
     def __init__(self, round: _Optional[int] = ..., raw_output: _Optional[str] = ..., valid: _Optional[bool] = ..., errors: _Optional[_Iterable[str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., stop: _Optional[bool] = ..., pool: _Optional[_Iterable[_Union[PoolEntry, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cost_usd: _Optional[float] = ..., latency_ms: _Optional[float] = ..., backend: _Optional[str] = ...) -> None: ...
 
 class Workflow(_message.Message):
-    __slots__ = ("id", "variant", "question", "status", "planner_calls", "steps", "answer", "usage", "cost_usd", "latency_ms", "error", "created_at", "finished_at", "plan_valid")
+    __slots__ = ("id", "variant", "question", "status", "planner_calls", "steps", "answer", "usage", "cost_usd", "latency_ms", "error", "created_at", "finished_at", "plan_valid", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     VARIANT_FIELD_NUMBER: _ClassVar[int]
     QUESTION_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +235,7 @@ class Workflow(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
     PLAN_VALID_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     id: str
     variant: str
     question: str
@@ -240,4 +250,5 @@ class Workflow(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     finished_at: _timestamp_pb2.Timestamp
     plan_valid: bool
-    def __init__(self, id: _Optional[str] = ..., variant: _Optional[str] = ..., question: _Optional[str] = ..., status: _Optional[_Union[WorkflowStatus, str]] = ..., planner_calls: _Optional[_Iterable[_Union[PlannerCall, _Mapping]]] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., answer: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cost_usd: _Optional[float] = ..., latency_ms: _Optional[float] = ..., error: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., plan_valid: _Optional[bool] = ...) -> None: ...
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[str] = ..., variant: _Optional[str] = ..., question: _Optional[str] = ..., status: _Optional[_Union[WorkflowStatus, str]] = ..., planner_calls: _Optional[_Iterable[_Union[PlannerCall, _Mapping]]] = ..., steps: _Optional[_Iterable[_Union[Step, _Mapping]]] = ..., answer: _Optional[str] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., cost_usd: _Optional[float] = ..., latency_ms: _Optional[float] = ..., error: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., plan_valid: _Optional[bool] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...

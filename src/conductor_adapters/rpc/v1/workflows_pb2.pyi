@@ -10,6 +10,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CancelRequest(_message.Message):
+    __slots__ = ("workflow_id",)
+    WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
+    workflow_id: str
+    def __init__(self, workflow_id: _Optional[str] = ...) -> None: ...
+
 class SubmitRequest(_message.Message):
     __slots__ = ("question", "variant", "pool", "max_steps", "metadata", "cost_weight")
     class MetadataEntry(_message.Message):
@@ -56,7 +62,7 @@ class WatchRequest(_message.Message):
     def __init__(self, workflow_id: _Optional[str] = ..., after_sequence: _Optional[int] = ...) -> None: ...
 
 class WorkflowEvent(_message.Message):
-    __slots__ = ("workflow_id", "sequence", "at", "plan", "step_started", "step_finished", "completed", "failed")
+    __slots__ = ("workflow_id", "sequence", "at", "plan", "step_started", "step_finished", "completed", "failed", "cancelled")
     WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +71,7 @@ class WorkflowEvent(_message.Message):
     STEP_FINISHED_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
     workflow_id: str
     sequence: int
     at: _timestamp_pb2.Timestamp
@@ -73,4 +80,5 @@ class WorkflowEvent(_message.Message):
     step_finished: _common_pb2.Step
     completed: _common_pb2.Workflow
     failed: _common_pb2.Workflow
-    def __init__(self, workflow_id: _Optional[str] = ..., sequence: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., plan: _Optional[_Union[_common_pb2.PlannerCall, _Mapping]] = ..., step_started: _Optional[_Union[_common_pb2.Step, _Mapping]] = ..., step_finished: _Optional[_Union[_common_pb2.Step, _Mapping]] = ..., completed: _Optional[_Union[_common_pb2.Workflow, _Mapping]] = ..., failed: _Optional[_Union[_common_pb2.Workflow, _Mapping]] = ...) -> None: ...
+    cancelled: _common_pb2.Workflow
+    def __init__(self, workflow_id: _Optional[str] = ..., sequence: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., plan: _Optional[_Union[_common_pb2.PlannerCall, _Mapping]] = ..., step_started: _Optional[_Union[_common_pb2.Step, _Mapping]] = ..., step_finished: _Optional[_Union[_common_pb2.Step, _Mapping]] = ..., completed: _Optional[_Union[_common_pb2.Workflow, _Mapping]] = ..., failed: _Optional[_Union[_common_pb2.Workflow, _Mapping]] = ..., cancelled: _Optional[_Union[_common_pb2.Workflow, _Mapping]] = ...) -> None: ...

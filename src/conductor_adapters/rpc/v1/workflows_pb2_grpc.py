@@ -51,6 +51,11 @@ class WorkflowsStub:
                 request_serializer=conductor_dot_v1_dot_workflows__pb2.WatchRequest.SerializeToString,
                 response_deserializer=conductor_dot_v1_dot_workflows__pb2.WorkflowEvent.FromString,
                 _registered_method=True)
+        self.Cancel = channel.unary_unary(
+                '/conductor.v1.Workflows/Cancel',
+                request_serializer=conductor_dot_v1_dot_workflows__pb2.CancelRequest.SerializeToString,
+                response_deserializer=conductor_dot_v1_dot_common__pb2.Workflow.FromString,
+                _registered_method=True)
 
 
 class WorkflowsServicer:
@@ -75,7 +80,16 @@ class WorkflowsServicer:
 
     def Watch(self, request, context):
         """Streams the workflow's events in sequence order, starting after after_sequence, and ends
-        after the completed or failed event. A finished workflow's events are replayed.
+        after the completed, failed or cancelled event. A finished workflow's events are replayed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Cancel(self, request, context):
+        """Cancels a queued or running workflow: its running steps are cancelled and it ends
+        WORKFLOW_STATUS_CANCELLED (its events end with cancelled). Returns the workflow as it is
+        after the request; one that had ended already is returned unchanged. NOT_FOUND as Get.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -98,6 +112,11 @@ def add_WorkflowsServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=conductor_dot_v1_dot_workflows__pb2.WatchRequest.FromString,
                     response_serializer=conductor_dot_v1_dot_workflows__pb2.WorkflowEvent.SerializeToString,
+            ),
+            'Cancel': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cancel,
+                    request_deserializer=conductor_dot_v1_dot_workflows__pb2.CancelRequest.FromString,
+                    response_serializer=conductor_dot_v1_dot_common__pb2.Workflow.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -182,6 +201,33 @@ class Workflows:
             '/conductor.v1.Workflows/Watch',
             conductor_dot_v1_dot_workflows__pb2.WatchRequest.SerializeToString,
             conductor_dot_v1_dot_workflows__pb2.WorkflowEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cancel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/conductor.v1.Workflows/Cancel',
+            conductor_dot_v1_dot_workflows__pb2.CancelRequest.SerializeToString,
+            conductor_dot_v1_dot_common__pb2.Workflow.FromString,
             options,
             channel_credentials,
             insecure,
