@@ -198,6 +198,8 @@ def test_migrated_schema_matches_models(database_url: str) -> None:
         "ix_workflow_status",
         "ix_workflow_created_at",
         "ix_workflow_runner_id",
+        "ix_workflow_tenant_created",
+        "ux_workflow_tenant_idempotency_key",
     }
 
 

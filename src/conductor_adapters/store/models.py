@@ -123,6 +123,23 @@ class WorkflowRow(DbModel, table=True):
     )
     created_at: datetime = Field(default_factory=_utcnow, sa_type=UTCDateTime(), index=True)
     finished_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
+    # A client's Idempotency-Key, unique per tenant, and the SHA-256 of the request it came
+    # with: the same key and request give back this workflow; another request is refused.
+    idempotency_key: str | None = Field(default=None, max_length=255)
+    request_hash: str | None = Field(default=None, max_length=64)
+
+    __table_args__ = (
+        # A tenant's workflows, newest first, a page at a time.
+        Index("ix_workflow_tenant_created", "tenant", "created_at", "id"),
+        Index(
+            "ux_workflow_tenant_idempotency_key",
+            "tenant",
+            "idempotency_key",
+            unique=True,
+            postgresql_where=text("idempotency_key IS NOT NULL"),
+            sqlite_where=text("idempotency_key IS NOT NULL"),
+        ),
+    )
 
 
 def new_workflow_values(
