@@ -385,6 +385,121 @@ def test_grpc_refuses_what_http_refuses(api: Api, request_fields: dict[str, Any]
     assert _workflow_count(api) == before
 
 
+# -- listing and idempotent submission ----------------------------------------------------------
+
+
+def _list(api: Api, key: str | None = None, **params: Any) -> dict[str, Any]:
+    with api.http(key) as http:
+        reply = http.get("/v1/workflows", params=params)
+    assert reply.status_code == 200, reply.text
+    body: dict[str, Any] = reply.json()
+    return body
+
+
+def test_the_job_list_filters_and_pages_through_a_tenants_workflows(api: Api) -> None:
+    # Given five jobs of one batch (label), two of them on conductor-mini, all finished
+    batch = uuid.uuid4().hex
+    made = []
+    with api.http() as http:
+        for n in range(5):
+            variant = "conductor-mini" if n % 2 else "conductor-ultra"
+            labels = {"batch": batch}
+            job = {"question": f"What is {n} * 7?", "variant": variant, "metadata": labels}
+            made.append(http.post("/v1/workflows", json=job).json()["id"])
+            time.sleep(0.01)  # distinct creation times, newest last
+    for workflow_id in made:
+        _events(api, workflow_id)
+
+    # When the tenant lists the batch two at a time, then by variant
+    pages, after = [], None
+    while True:
+        params: dict[str, Any] = {"label": f"batch:{batch}", "limit": 2}
+        if after:
+            params["after"] = after
+        page = _list(api, **params)
+        pages.append(page)
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    mini = _list(api, label=f"batch:{batch}", variant="conductor-mini")
+    done = _list(api, label=f"batch:{batch}", status="completed", limit=100)
+    other = _list(api, api.other_key, label=f"batch:{batch}")
+    future = _list(api, label=f"batch:{batch}", created_after="2999-01-01T00:00:00Z")
+
+    # Then every job comes once, newest first, with its summary; filters narrow; tenants part
+    listed = [w["id"] for page in pages for w in page["data"]]
+    assert listed == made[::-1]
+    assert [len(page["data"]) for page in pages] == [2, 2, 1]
+    first = pages[0]["data"][0]
+    assert first["metadata"] == {"batch": batch}
+    assert first["status"] == "completed"
+    assert first["usage"]["total_tokens"] > 0
+    assert "steps" not in first
+    assert [w["id"] for w in mini["data"]] == [made[3], made[1]]
+    assert len(done["data"]) == 5
+    assert other["data"] == []
+    assert future["data"] == []
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"label": "no-colon"}, "label"),
+        ({"limit": 0}, "limit"),
+        ({"status": "sleeping"}, "status"),
+        ({"after": str(uuid.UUID(int=7))}, "after"),
+    ],
+    ids=["label", "limit", "status", "after"],
+)
+def test_a_bad_list_query_is_a_400_naming_it(api: Api, params: dict[str, Any], param: str) -> None:
+    with api.http() as http:
+        reply = http.get("/v1/workflows", params=params)
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == param
+
+
+def test_an_idempotency_key_makes_one_workflow_and_refuses_another_body(api: Api) -> None:
+    key = f"order-{uuid.uuid4().hex}"
+    job = {"question": "What is 6 * 7?", "metadata": {"order": key}}
+    before = _workflow_count(api)
+    with api.http() as http:
+        first = http.post("/v1/workflows", json=job, headers={"Idempotency-Key": key})
+        again = http.post("/v1/workflows", json=job, headers={"Idempotency-Key": key})
+        changed = http.post(
+            "/v1/workflows",
+            json={**job, "question": "What is 7 * 7?"},
+            headers={"Idempotency-Key": key},
+        )
+        fresh = http.post("/v1/workflows", json=job, headers={"Idempotency-Key": key + "-2"})
+    with api.http(api.other_key) as http:
+        other_tenant = http.post("/v1/workflows", json=job, headers={"Idempotency-Key": key})
+
+    assert first.status_code == again.status_code == 202
+    assert again.json()["id"] == first.json()["id"]
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in first.headers
+    assert changed.status_code == 409
+    assert changed.json()["error"]["code"] == "idempotency_key_reused"
+    assert fresh.json()["id"] != first.json()["id"]
+    assert other_tenant.status_code == 202  # keys are per tenant
+    assert other_tenant.json()["id"] != first.json()["id"]
+    assert _workflow_count(api) == before + 3
+
+
+def test_concurrent_submissions_with_one_idempotency_key_make_one_workflow(api: Api) -> None:
+    key = f"race-{uuid.uuid4().hex}"
+
+    async def submit_all() -> list[httpx.Response]:
+        headers = {"Authorization": f"Bearer {api.key}", "Idempotency-Key": key}
+        async with httpx.AsyncClient(base_url=api.url, headers=headers, timeout=30) as http:
+            job = {"question": "What is 6 * 7?"}
+            return await asyncio.gather(*(http.post("/v1/workflows", json=job) for _ in range(8)))
+
+    replies = asyncio.run(submit_all())
+    assert {r.status_code for r in replies} == {202}
+    assert len({r.json()["id"] for r in replies}) == 1
+
+
 # -- cancelling ---------------------------------------------------------------------------------
 
 SLOW_JOB = {"question": "What is 6 * 7?", "pool": ["slow"], "metadata": {"ticket": "T-9"}}

@@ -1,37 +1,77 @@
-"""The job API: submit a workflow, read it, follow its events, score its answer."""
+"""The job API: submit a workflow (idempotently, with an Idempotency-Key), list a tenant's
+workflows, read one, follow its events, cancel it, score its answer."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import re
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from conductor_api.auth import CallerDep
 from conductor_api.errors import ApiError, not_found, runs_elsewhere
-from conductor_api.reads import MAX_SEQUENCE, load_events, load_workflow, store_feedback
+from conductor_api.reads import (
+    MAX_SEQUENCE,
+    WorkflowFilter,
+    list_workflows,
+    load_events,
+    load_workflow,
+    store_feedback,
+    workflow_status,
+)
 from conductor_api.schemas import (
     EVENT_STREAM,
+    ErrorResponse,
     EventView,
     Feedback,
     FeedbackStored,
     WorkflowAccepted,
+    WorkflowList,
+    WorkflowStatusName,
     WorkflowSubmission,
     WorkflowView,
 )
-from conductor_api.service import WorkflowElsewhere, WorkflowService
+from conductor_api.service import IdempotencyConflict, WorkflowElsewhere, WorkflowService
 from conductor_api.sse import KEEPALIVE, STREAM_HEADERS, event_frame, with_keepalive
 
 router = APIRouter(prefix="/v1/workflows", tags=["Workflows"])
 _SEQUENCE = re.compile(r"[0-9]{1,10}")  # ASCII digits only: str.isdigit() admits "²"
 
 
-@router.post("", status_code=202, response_model=WorkflowAccepted)
-async def submit(body: WorkflowSubmission, request: Request, caller: CallerDep) -> WorkflowAccepted:
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")  # printable ASCII, no spaces
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=WorkflowAccepted,
+    responses={
+        409: {
+            "model": ErrorResponse,
+            "description": "The Idempotency-Key came with another request before",
+        }
+    },
+)
+async def submit(
+    body: WorkflowSubmission,
+    request: Request,
+    response: Response,
+    caller: CallerDep,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            description="Sent again with the same body, gives back the workflow the first "
+            "request made instead of a new one; with another body, 409."
+        ),
+    ] = None,
+) -> WorkflowAccepted:
     """Accept a question; the workflow runs in the background. 202 with its id."""
     service: WorkflowService = request.app.state.service
     submission = service.submission(
@@ -43,9 +83,94 @@ async def submit(body: WorkflowSubmission, request: Request, caller: CallerDep) 
         cost_weight=body.cost_weight,
         metadata=body.metadata,
     )
-    workflow_id = await service.submit(submission)
+    if idempotency_key is None:
+        workflow_id = await service.submit(submission)
+    else:
+        if not IDEMPOTENCY_KEY.fullmatch(idempotency_key):
+            raise ApiError(
+                400,
+                "Idempotency-Key: 1 to 255 printable ASCII characters without spaces",
+                param="Idempotency-Key",
+            )
+        digest = hashlib.sha256(
+            json.dumps(body.model_dump(mode="json"), sort_keys=True).encode()
+        ).hexdigest()
+        keyed = submission.model_copy(
+            update={"idempotency_key": idempotency_key, "request_hash": digest}
+        )
+        try:
+            workflow_id, created = await service.submit_once(keyed)
+        except IdempotencyConflict:
+            raise ApiError(
+                409,
+                "Idempotency-Key: this key was used before with another request; use a new "
+                "key for a new request",
+                code="idempotency_key_reused",
+                param="Idempotency-Key",
+            ) from None
+        if not created:
+            response.headers["Idempotent-Replayed"] = "true"
+            status = await asyncio.to_thread(
+                workflow_status, service.engine, workflow_id, caller.tenant
+            )
+            return WorkflowAccepted(id=workflow_id, status=status or "queued")
     request.app.state.metrics.workflows.labels(submission.variant.name).inc()
     return WorkflowAccepted(id=workflow_id, status="queued")
+
+
+@router.get("", response_model=WorkflowList)
+async def list_jobs(
+    request: Request,
+    caller: CallerDep,
+    status: Annotated[WorkflowStatusName | None, Query(description="Only this status.")] = None,
+    variant: Annotated[str | None, Query(max_length=128, description="Only this variant.")] = None,
+    label: Annotated[
+        list[str] | None,
+        Query(description="NAME:VALUE; repeat for several, all must match."),
+    ] = None,
+    created_after: Annotated[
+        datetime | None, Query(description="Created at or after (ISO 8601 or Unix seconds).")
+    ] = None,
+    created_before: Annotated[datetime | None, Query(description="Created before.")] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: Annotated[
+        uuid.UUID | None, Query(description="The last_id of the previous page.")
+    ] = None,
+) -> WorkflowList:
+    """The key's tenant's workflows, newest first, a page at a time."""
+    labels = {}
+    for item in label or []:
+        name, sep, value = item.partition(":")
+        if not sep or not name:
+            raise ApiError(400, f"label: expected NAME:VALUE, not {item!r}", param="label")
+        labels[name] = value
+    wanted = WorkflowFilter(
+        status=status,
+        variant=variant,
+        labels=labels,
+        created_after=_aware(created_after),
+        created_before=_aware(created_before),
+    )
+    service: WorkflowService = request.app.state.service
+    found = await asyncio.to_thread(
+        list_workflows, service.engine, caller.tenant, wanted, limit=limit, after=after
+    )
+    if found is None:
+        raise ApiError(400, f"after: no workflow {after} to continue from", param="after")
+    page, has_more = found
+    return WorkflowList(
+        data=page,
+        first_id=page[0].id if page else None,
+        last_id=page[-1].id if page else None,
+        has_more=has_more,
+    )
+
+
+def _aware(moment: datetime | None) -> datetime | None:
+    """A time without a zone is taken as UTC, as the stored times are."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
 
 
 @router.get("/{workflow_id}", response_model=WorkflowView)

@@ -8,9 +8,12 @@ tenant's workflow is reported missing, never forbidden, so its existence does no
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, RowMapping, bindparam, exists, select, update
+from sqlalchemy import Engine, RowMapping, and_, bindparam, exists, or_, select, update
 
 from conductor.machine import FINAL_EVENT_KINDS
 from conductor.workflow import AttemptRecord
@@ -21,7 +24,13 @@ from conductor_adapters.store.models import (
     workflow_table,
 )
 from conductor_api.errors import without_addresses
-from conductor_api.schemas import EventView, StepView, UsageView, WorkflowView
+from conductor_api.schemas import (
+    EventView,
+    StepView,
+    UsageView,
+    WorkflowSummary,
+    WorkflowView,
+)
 
 MAX_SEQUENCE = 2**31 - 1  # event sequences are 32-bit integers in the database
 
@@ -201,6 +210,111 @@ def outcome_stored(engine: Engine, workflow_id: uuid.UUID, tenant: str) -> bool 
     with engine.connect() as conn:
         row = conn.execute(_OUTCOME_STORED, {"workflow": workflow_id, "tenant": tenant}).first()
     return None if row is None else bool(row.finished)
+
+
+@dataclass(frozen=True)
+class Idempotent:
+    """The workflow an Idempotency-Key made, and the hash of the request that made it."""
+
+    workflow_id: uuid.UUID
+    request_hash: str | None
+    status: str
+
+
+def find_idempotent(engine: Engine, tenant: str, key: str) -> Idempotent | None:
+    table = workflow_table
+    query = select(table.c.id, table.c.request_hash, table.c.status).where(
+        table.c.tenant == tenant, table.c.idempotency_key == key
+    )
+    with engine.connect() as conn:
+        row = conn.execute(query).first()
+    return None if row is None else Idempotent(row.id, row.request_hash, row.status)
+
+
+@dataclass(frozen=True)
+class WorkflowFilter:
+    """What ``list_workflows`` keeps; None or empty keeps everything."""
+
+    status: str | None = None
+    variant: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+_SUMMARY_COLUMNS = [
+    workflow_table.c[name]
+    for name in (
+        "id",
+        "status",
+        "variant",
+        "question",
+        "labels",
+        "error",
+        "cost_usd",
+        "latency_ms",
+        "created_at",
+        "finished_at",
+        "total_tokens",
+        *_USAGE,
+    )
+]
+QUESTION_PREVIEW_CHARS = 500
+
+
+def list_workflows(
+    engine: Engine,
+    tenant: str,
+    wanted: WorkflowFilter,
+    *,
+    limit: int,
+    after: uuid.UUID | None = None,
+) -> tuple[list[WorkflowSummary], bool] | None:
+    """The tenant's workflows that ``wanted`` keeps, newest first, ``limit`` at most, starting
+    after the workflow ``after``; and whether more follow. None when ``after`` is not one of the
+    tenant's workflows. One index range (tenant, created_at, id) per page."""
+    table = workflow_table
+    query = select(*_SUMMARY_COLUMNS).where(table.c.tenant == tenant)
+    if wanted.status is not None:
+        query = query.where(table.c.status == wanted.status)
+    if wanted.variant is not None:
+        query = query.where(table.c.variant == wanted.variant)
+    for key, value in wanted.labels.items():
+        query = query.where(table.c.labels[key].as_string() == value)
+    if wanted.created_after is not None:
+        query = query.where(table.c.created_at >= wanted.created_after)
+    if wanted.created_before is not None:
+        query = query.where(table.c.created_at < wanted.created_before)
+    with engine.connect() as conn:
+        if after is not None:
+            mark = conn.execute(
+                select(table.c.created_at).where(table.c.id == after, table.c.tenant == tenant)
+            ).scalar_one_or_none()
+            if mark is None:
+                return None
+            query = query.where(
+                or_(table.c.created_at < mark, and_(table.c.created_at == mark, table.c.id < after))
+            )
+        query = query.order_by(table.c.created_at.desc(), table.c.id.desc()).limit(limit + 1)
+        rows = conn.execute(query).mappings().all()
+    summaries = [_summary(row) for row in rows[:limit]]
+    return summaries, len(rows) > limit
+
+
+def _summary(row: RowMapping) -> WorkflowSummary:
+    return WorkflowSummary(
+        id=row["id"],
+        status=row["status"],
+        variant=row["variant"],
+        question=row["question"][:QUESTION_PREVIEW_CHARS],
+        metadata=row["labels"],
+        error=_hidden(row["error"]),
+        usage=UsageView(**_usage(row), total_tokens=row["total_tokens"]),
+        cost_usd=row["cost_usd"],
+        latency_ms=row["latency_ms"],
+        created_at=row["created_at"],
+        finished_at=row["finished_at"],
+    )
 
 
 def workflow_status(engine: Engine, workflow_id: uuid.UUID, tenant: str) -> str | None:

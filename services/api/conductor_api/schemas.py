@@ -166,12 +166,15 @@ class StepView(StepRecord):
     attempts: list[AttemptRecord] = Field(default_factory=list)
 
 
+WorkflowStatusName = Literal["queued", "running", "completed", "failed", "cancelled"]
+
+
 class WorkflowView(BaseModel):
     """A workflow as a client sees it: running or finished."""
 
     id: uuid.UUID
     object: Literal["workflow"] = "workflow"
-    status: Literal["queued", "running", "completed", "failed", "cancelled"]
+    status: WorkflowStatusName
     variant: str
     question: str
     metadata: dict[str, str]
@@ -186,6 +189,33 @@ class WorkflowView(BaseModel):
     feedback: float | None
     created_at: datetime
     finished_at: datetime | None
+
+
+class WorkflowSummary(BaseModel):
+    """A workflow in a list: its outcome and cost, without its plans and steps."""
+
+    id: uuid.UUID
+    object: Literal["workflow"] = "workflow"
+    status: WorkflowStatusName
+    variant: str
+    question: str = Field(description="The question's first 500 characters.")
+    metadata: dict[str, str]
+    error: str | None
+    usage: UsageView
+    cost_usd: float
+    latency_ms: float
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class WorkflowList(BaseModel):
+    """A page of workflows, newest first; pass ``last_id`` as ``after`` for the next."""
+
+    object: Literal["list"] = "list"
+    data: list[WorkflowSummary]
+    first_id: uuid.UUID | None
+    last_id: uuid.UUID | None
+    has_more: bool
 
 
 class EventView(BaseModel):

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
 
 from conductor.chat import ChatMessage
 from conductor.errors import InvalidRequest
@@ -31,6 +32,7 @@ from conductor_adapters.store.keys import CachedKeys
 from conductor_adapters.store.runs import SubmitRequest
 from conductor_api.reads import (
     EVENTS_PER_READ,
+    find_idempotent,
     load_events,
     outcome_passed,
     outcome_stored,
@@ -55,6 +57,10 @@ CANCEL_WAIT_S = 10.0
 
 class WorkflowElsewhere(Exception):
     """The workflow runs in another process, which this one cannot reach to cancel it."""
+
+
+class IdempotencyConflict(Exception):
+    """An Idempotency-Key came before with another request."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +190,7 @@ class WorkflowService(ABC):
         self.default_variant = default_variant
         self.signals = EventSignals()
         self.keys = CachedKeys(engine)
+        self._idempotent = asyncio.Lock()
 
     def poll_interval_s(self, workflow_id: uuid.UUID) -> float:
         """How long a reader of ``workflow_id`` waits for an announcement before re-reading."""
@@ -208,6 +215,25 @@ class WorkflowService(ABC):
     ) -> StepCallResult:
         """One call to one worker, with the gateway's retries, quotas and costs; its fallbacks
         only among ``allowed_workers`` (the caller's key's pool; None: any)."""
+
+    async def submit_once(self, request: SubmitRequest) -> tuple[uuid.UUID, bool]:
+        """Submit a request carrying an Idempotency-Key once: (its workflow, True) the first
+        time; (the same workflow, False) when the key came before with the same request.
+        Raises IdempotencyConflict when it came with another request."""
+        assert request.idempotency_key is not None, "submit() takes requests without a key"
+        key, tenant = request.idempotency_key, request.tenant
+        async with self._idempotent:  # one check-then-submit at a time in this process
+            found = await asyncio.to_thread(find_idempotent, self.engine, tenant, key)
+            if found is None:
+                try:
+                    return await self.submit(request), True
+                except IntegrityError:  # another replica recorded the key meanwhile
+                    found = await asyncio.to_thread(find_idempotent, self.engine, tenant, key)
+                    if found is None:
+                        raise
+        if found.request_hash != request.request_hash:
+            raise IdempotencyConflict(key)
+        return found.workflow_id, False
 
     @abstractmethod
     async def request_cancel(self, workflow_id: uuid.UUID, reason: str) -> None:

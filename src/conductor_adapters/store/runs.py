@@ -37,6 +37,9 @@ class SubmitRequest(BaseModel):
     pool: list[str] | None = None
     tenant: str = "default"
     metadata: dict[str, str] = Field(default_factory=dict)
+    # A client's Idempotency-Key and the SHA-256 of the request it came with (both or none).
+    idempotency_key: str | None = None
+    request_hash: str | None = None
 
 
 class RunRow(BaseModel):
@@ -90,6 +93,8 @@ def record_workflow(
         labels=request.metadata,
         runner_id=runner_id,
     )
+    row["idempotency_key"] = request.idempotency_key
+    row["request_hash"] = request.request_hash
     conn.execute(_INSERT_WORKFLOW, row)
 
 
