@@ -20,6 +20,12 @@ import grpc
 import httpx
 import openai
 import pytest
+from google.protobuf import descriptor_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
+from grpc_reflection.v1alpha import (  # type: ignore[import-untyped]
+    reflection_pb2,
+    reflection_pb2_grpc,
+)
 from sqlalchemy import func, select
 
 from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
@@ -498,6 +504,85 @@ def test_concurrent_submissions_with_one_idempotency_key_make_one_workflow(api: 
     replies = asyncio.run(submit_all())
     assert {r.status_code for r in replies} == {202}
     assert len({r.json()["id"] for r in replies}) == 1
+
+
+def test_grpc_lists_a_tenants_workflows_as_http_does(api: Api) -> None:
+    batch = uuid.uuid4().hex
+    metadata = [("authorization", f"Bearer {api.key}")]
+    with grpc.insecure_channel(api.server.grpc_address) as channel:
+        stub = workflows_pb2_grpc.WorkflowsStub(channel)
+        made = [
+            stub.Submit(
+                workflows_pb2.SubmitRequest(question=f"{n} * 7", metadata={"batch": batch}),
+                metadata=metadata,
+                timeout=10,
+            ).workflow_id
+            for n in range(3)
+        ]
+        for workflow_id in made:
+            _until_status(api, workflow_id, "completed")
+        first = stub.List(
+            workflows_pb2.ListRequest(labels={"batch": batch}, limit=2), metadata=metadata
+        )
+        rest = stub.List(
+            workflows_pb2.ListRequest(
+                labels={"batch": batch}, limit=2, after=first.workflows[-1].id
+            ),
+            metadata=metadata,
+        )
+        completed = stub.List(
+            workflows_pb2.ListRequest(
+                labels={"batch": batch}, status=common_pb2.WORKFLOW_STATUS_COMPLETED
+            ),
+            metadata=metadata,
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.List(workflows_pb2.ListRequest(limit=101), metadata=metadata)
+
+    listed = [w.id for w in [*first.workflows, *rest.workflows]]
+    assert sorted(listed) == sorted(made)
+    assert len(set(listed)) == 3
+    assert (first.has_more, rest.has_more) == (True, False)
+    assert dict(first.workflows[0].metadata) == {"batch": batch}
+    assert len(completed.workflows) == 3
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_grpc_health_and_reflection_list_the_services_as_grpcurl_would(api: Api) -> None:
+    with grpc.insecure_channel(api.server.grpc_address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        overall = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        workflows = health.Check(
+            health_pb2.HealthCheckRequest(service="conductor.v1.Workflows"), timeout=5
+        )
+        reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+        requests = [
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="conductor.v1.Workflows"),
+        ]
+        listed, described = list(reflection.ServerReflectionInfo(iter(requests), timeout=5))
+
+    serving = health_pb2.HealthCheckResponse.SERVING
+    assert overall.status == workflows.status == serving
+    names = {service.name for service in listed.list_services_response.service}
+    assert names == {
+        "conductor.v1.Workflows",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    }
+    # ... and describe them (grpcurl describe): the Workflows service with all its methods
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in described.file_descriptor_response.file_descriptor_proto
+    ]
+    services = {s.name: s for f in files for s in f.service}
+    assert {m.name for m in services["Workflows"].method} == {
+        "Submit",
+        "Get",
+        "Watch",
+        "Cancel",
+        "List",
+    }
 
 
 # -- cancelling ---------------------------------------------------------------------------------

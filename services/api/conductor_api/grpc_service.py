@@ -1,4 +1,5 @@
-"""gRPC ``conductor.v1.Workflows`` (Submit, Get, Watch), served by the api process.
+"""gRPC ``conductor.v1.Workflows`` (Submit, Get, Watch, Cancel, List), served by the api
+process beside the standard health and reflection services (so `grpcurl list` works).
 
 Same keys, tenants and rules as the HTTP API: the key goes in the ``authorization`` metadata
 (``Bearer <key>``); another tenant's workflow is NOT_FOUND.
@@ -9,18 +10,36 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
+from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
 from conductor.errors import InvalidRequest
 from conductor.machine import FINAL_EVENT_KINDS
 from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
 from conductor_api.auth import identify
 from conductor_api.errors import ApiError, not_found, runs_elsewhere
-from conductor_api.reads import MAX_SEQUENCE, load_events, load_workflow
+from conductor_api.reads import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    MAX_SEQUENCE,
+    WorkflowFilter,
+    list_workflows,
+    load_events,
+    load_workflow,
+)
 from conductor_api.service import Caller, WorkflowElsewhere, WorkflowService
-from conductor_api.wire import event_to_proto, workflow_to_proto
+from conductor_api.wire import (
+    WORKFLOW_STATUS,
+    event_to_proto,
+    summary_to_proto,
+    workflow_to_proto,
+)
+
+WORKFLOWS_SERVICE: str = workflows_pb2.DESCRIPTOR.services_by_name["Workflows"].full_name
 
 _CODES = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -75,6 +94,30 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
             await _abort(context, runs_elsewhere(workflow_id))
         return await self.Get(workflows_pb2.GetRequest(workflow_id=str(workflow_id)), context)
 
+    async def List(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        caller = await self._caller(context)
+        limit = request.limit or DEFAULT_PAGE_SIZE
+        if not 1 <= limit <= MAX_PAGE_SIZE:
+            message = f"limit must be 1 to {MAX_PAGE_SIZE}, not {limit}"
+            await _abort(context, ApiError(400, message))
+        after = await _workflow_id(request.after, context) if request.after else None
+        wanted = WorkflowFilter(
+            status=_STATUS_NAMES.get(request.status),
+            variant=request.variant or None,
+            labels=dict(request.labels),
+            created_after=_time(request, "created_after"),
+            created_before=_time(request, "created_before"),
+        )
+        found = await asyncio.to_thread(
+            list_workflows, self.service.engine, caller.tenant, wanted, limit=limit, after=after
+        )
+        if found is None:
+            await _abort(context, ApiError(400, f"after: no workflow {after} to continue from"))
+        page, has_more = found
+        return workflows_pb2.ListResponse(
+            workflows=[summary_to_proto(summary) for summary in page], has_more=has_more
+        )
+
     async def Watch(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         caller = await self._caller(context)
         workflow_id = await _workflow_id(request.workflow_id, context)
@@ -99,6 +142,13 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
             await _abort(context, error)
 
 
+_STATUS_NAMES = {number: name for name, number in WORKFLOW_STATUS.items()}
+
+
+def _time(request: Any, field: str) -> datetime | None:
+    return getattr(request, field).ToDatetime(UTC) if request.HasField(field) else None
+
+
 async def _workflow_id(text: str, context: grpc.aio.ServicerContext) -> uuid.UUID:
     try:
         return uuid.UUID(text)
@@ -113,7 +163,20 @@ async def _abort(context: grpc.aio.ServicerContext, error: ApiError) -> NoReturn
 
 def add_workflows_service(
     server: grpc.aio.Server, service: WorkflowService, *, open_access: bool = False
-) -> None:
+) -> Any:
+    """Workflows, health (SERVING for "" and the Workflows service while the server runs) and
+    reflection on ``server``; returns the health servicer, for the shutdown to set
+    NOT_SERVING."""
     workflows_pb2_grpc.add_WorkflowsServicer_to_server(
         WorkflowsServicer(service, open_access=open_access), server
     )
+    checks = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    names = (WORKFLOWS_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
+    return checks
+
+
+async def mark_serving(checks: Any) -> None:
+    for name in (health.OVERALL_HEALTH, WORKFLOWS_SERVICE):
+        await checks.set(name, health_pb2.HealthCheckResponse.SERVING)

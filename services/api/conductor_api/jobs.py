@@ -18,6 +18,8 @@ from fastapi.responses import StreamingResponse
 from conductor_api.auth import CallerDep
 from conductor_api.errors import ApiError, not_found, runs_elsewhere
 from conductor_api.reads import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
     MAX_SEQUENCE,
     WorkflowFilter,
     list_workflows,
@@ -132,7 +134,7 @@ async def list_jobs(
         datetime | None, Query(description="Created at or after (ISO 8601 or Unix seconds).")
     ] = None,
     created_before: Annotated[datetime | None, Query(description="Created before.")] = None,
-    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
     after: Annotated[
         uuid.UUID | None, Query(description="The last_id of the previous page.")
     ] = None,

@@ -13,12 +13,13 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 import grpc
 import uvicorn
 
 from conductor_api.app import create_app
-from conductor_api.grpc_service import add_workflows_service
+from conductor_api.grpc_service import add_workflows_service, mark_serving
 from conductor_api.service import WorkflowService
 
 
@@ -72,13 +73,15 @@ async def serve_api(
     hears where, once both ports listen."""
     await service.start()
     grpc_server: grpc.aio.Server | None = None
+    grpc_health: Any = None
     try:
         grpc_address = None
         if grpc_port is not None:
             grpc_server = grpc.aio.server()
-            add_workflows_service(grpc_server, service, open_access=open_access)
+            grpc_health = add_workflows_service(grpc_server, service, open_access=open_access)
             bound = grpc_server.add_insecure_port(f"{host}:{grpc_port}")
             await grpc_server.start()
+            await mark_serving(grpc_health)
             grpc_address = f"{host}:{bound}"
         config = uvicorn.Config(
             create_app(service, open_access=open_access, cors_origins=cors_origins),
@@ -110,5 +113,7 @@ async def serve_api(
             task.cancel()
     finally:
         if grpc_server is not None:
+            if grpc_health is not None:  # health checks see the drain before it starts
+                await grpc_health.enter_graceful_shutdown()
             await grpc_server.stop(grace_s)
         await service.aclose()

@@ -10,7 +10,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from conductor.workflow import AttemptRecord, PlanOutcome, StepKind, StepRecord, StepStatus
 from conductor_adapters.rpc.planner_wire import access_to_proto, outcome_to_proto, usage_to_proto
 from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2
-from conductor_api.schemas import EventView, StepView, WorkflowView
+from conductor_api.schemas import EventView, StepView, WorkflowSummary, WorkflowView
 
 WORKFLOW_STATUS = {
     "queued": common_pb2.WORKFLOW_STATUS_QUEUED,
@@ -102,6 +102,24 @@ def workflow_to_proto(view: WorkflowView) -> Any:
             answer=view.answer,
             error=view.error,
             finished_at=timestamp(view.finished_at) if view.finished_at else None,
+        ),
+    )
+
+
+def summary_to_proto(summary: WorkflowSummary) -> Any:
+    return workflows_pb2.WorkflowSummary(
+        id=str(summary.id),
+        status=WORKFLOW_STATUS[summary.status],
+        variant=summary.variant,
+        question=summary.question,
+        metadata=summary.metadata,
+        usage=common_pb2.Usage(**summary.usage.model_dump()),
+        cost_usd=summary.cost_usd,
+        latency_ms=summary.latency_ms,
+        created_at=timestamp(summary.created_at),
+        **_optional(
+            error=summary.error,
+            finished_at=timestamp(summary.finished_at) if summary.finished_at else None,
         ),
     )
 

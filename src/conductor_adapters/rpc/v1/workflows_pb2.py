@@ -26,29 +26,43 @@ from . import common_pb2 as conductor_dot_v1_dot_common__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63onductor/v1/workflows.proto\x12\x0c\x63onductor.v1\x1a\x19\x63onductor/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"$\n\rCancelRequest\x12\x13\n\x0bworkflow_id\x18\x01 \x01(\t\"\xfe\x01\n\rSubmitRequest\x12\x10\n\x08question\x18\x01 \x01(\t\x12\x0f\n\x07variant\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x03(\t\x12\x16\n\tmax_steps\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12;\n\x08metadata\x18\x05 \x03(\x0b\x32).conductor.v1.SubmitRequest.MetadataEntry\x12\x18\n\x0b\x63ost_weight\x18\x06 \x01(\x01H\x01\x88\x01\x01\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x0c\n\n_max_stepsB\x0e\n\x0c_cost_weight\"S\n\x0eSubmitResponse\x12\x13\n\x0bworkflow_id\x18\x01 \x01(\t\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.conductor.v1.WorkflowStatus\"!\n\nGetRequest\x12\x13\n\x0bworkflow_id\x18\x01 \x01(\t\";\n\x0cWatchRequest\x12\x13\n\x0bworkflow_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x02 \x01(\x03\"\xf1\x02\n\rWorkflowEvent\x12\x13\n\x0bworkflow_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x04plan\x18\x04 \x01(\x0b\x32\x19.conductor.v1.PlannerCallH\x00\x12*\n\x0cstep_started\x18\x05 \x01(\x0b\x32\x12.conductor.v1.StepH\x00\x12+\n\rstep_finished\x18\x06 \x01(\x0b\x32\x12.conductor.v1.StepH\x00\x12+\n\tcompleted\x18\x07 \x01(\x0b\x32\x16.conductor.v1.WorkflowH\x00\x12(\n\x06\x66\x61iled\x18\x08 \x01(\x0b\x32\x16.conductor.v1.WorkflowH\x00\x12+\n\tcancelled\x18\t \x01(\x0b\x32\x16.conductor.v1.WorkflowH\x00\x42\t\n\x07payload2\x8c\x02\n\tWorkflows\x12\x43\n\x06Submit\x12\x1b.conductor.v1.SubmitRequest\x1a\x1c.conductor.v1.SubmitResponse\x12\x37\n\x03Get\x12\x18.conductor.v1.GetRequest\x1a\x16.conductor.v1.Workflow\x12\x42\n\x05Watch\x12\x1a.conductor.v1.WatchRequest\x1a\x1b.conductor.v1.WorkflowEvent0\x01\x12=\n\x06\x43\x61ncel\x12\x1b.conductor.v1.CancelRequest\x1a\x16.conductor.v1.Workflowb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x63onductor/v1/workflows.proto\x12\x0c\x63onductor.v1\x1a\x19\x63onductor/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb7\x02\n\x0bListRequest\x12,\n\x06status\x18\x01 \x01(\x0e\x32\x1c.conductor.v1.WorkflowStatus\x12\x0f\n\x07variant\x18\x02 \x01(\t\x12\x35\n\x06labels\x18\x03 \x03(\x0b\x32%.conductor.v1.ListRequest.LabelsEntry\x12\x31\n\rcreated_after\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05limit\x18\x06 \x01(\x05\x12\r\n\x05\x61\x66ter\x18\x07 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa7\x03\n\x0fWorkflowSummary\x12\n\n\x02id\x18\x01 \x01(\t\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.conductor.v1.WorkflowStatus\x12\x0f\n\x07variant\x18\x03 \x01(\t\x12\x10\n\x08question\x18\x04 \x01(\t\x12=\n\x08metadata\x18\x05 \x03(\x0b\x32+.conductor.v1.WorkflowSummary.MetadataEntry\x12\x12\n\x05\x65rror\x18\x06 \x01(\tH\x00\x88\x01\x01\x12\"\n\x05usage\x18\x07 \x01(\x0b\x32\x13.conductor.v1.Usage\x12\x10\n\x08\x63ost_usd\x18\x08 \x01(\x01\x12\x12\n\nlatency_ms\x18\t \x01(\x01\x12.\n\ncreated_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06_error\"R\n\x0cListResponse\x12\x30\n\tworkflows\x18\x01 \x03(\x0b\x32\x1d.conductor.v1.WorkflowSummary\x12\x10\n\x08has_more\x18\x02 \x01(\x08\"$\n\rCancelRequest\x12\x13\n\x0bworkflow_id\x18\x01 \x01(\t\"\xfe\x01\n\rSubmitRequest\x12\x10\n\x08question\x18\x01 \x01(\t\x12\x0f\n\x07variant\x18\x02 \x01(\t\x12\x0c\n\x04pool\x18\x03 \x03(\t\x12\x16\n\tmax_steps\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12;\n\x08metadata\x18\x05 \x03(\x0b\x32).conductor.v1.SubmitRequest.MetadataEntry\x12\x18\n\x0b\x63ost_weight\x18\x06 \x01(\x01H\x01\x88\x01\x01\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x0c\n\n_max_stepsB\x0e\n\x0c_cost_weight\"S\n\x0eSubmitResponse\x12\x13\n\x0bworkflow_id\x18\x01 \x01(\t\x12,\n\x06status\x18\x02 \x01(\x0e\x32\x1c.conductor.v1.WorkflowStatus\"!\n\nGetRequest\x12\x13\n\x0bworkflow_id\x18\x01 \x01(\t\";\n\x0cWatchRequest\x12\x13\n\x0bworkflow_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_sequence\x18\x02 \x01(\x03\"\xf1\x02\n\rWorkflowEvent\x12\x13\n\x0bworkflow_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x03\x12&\n\x02\x61t\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x04plan\x18\x04 \x01(\x0b\x32\x19.conductor.v1.PlannerCallH\x00\x12*\n\x0cstep_started\x18\x05 \x01(\x0b\x32\x12.conductor.v1.StepH\x00\x12+\n\rstep_finished\x18\x06 \x01(\x0b\x32\x12.conductor.v1.StepH\x00\x12+\n\tcompleted\x18\x07 \x01(\x0b\x32\x16.conductor.v1.WorkflowH\x00\x12(\n\x06\x66\x61iled\x18\x08 \x01(\x0b\x32\x16.conductor.v1.WorkflowH\x00\x12+\n\tcancelled\x18\t \x01(\x0b\x32\x16.conductor.v1.WorkflowH\x00\x42\t\n\x07payload2\xcb\x02\n\tWorkflows\x12\x43\n\x06Submit\x12\x1b.conductor.v1.SubmitRequest\x1a\x1c.conductor.v1.SubmitResponse\x12\x37\n\x03Get\x12\x18.conductor.v1.GetRequest\x1a\x16.conductor.v1.Workflow\x12\x42\n\x05Watch\x12\x1a.conductor.v1.WatchRequest\x1a\x1b.conductor.v1.WorkflowEvent0\x01\x12=\n\x06\x43\x61ncel\x12\x1b.conductor.v1.CancelRequest\x1a\x16.conductor.v1.Workflow\x12=\n\x04List\x12\x19.conductor.v1.ListRequest\x1a\x1a.conductor.v1.ListResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'conductor.v1.workflows_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_LISTREQUEST_LABELSENTRY']._loaded_options = None
+  _globals['_LISTREQUEST_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_WORKFLOWSUMMARY_METADATAENTRY']._loaded_options = None
+  _globals['_WORKFLOWSUMMARY_METADATAENTRY']._serialized_options = b'8\001'
   _globals['_SUBMITREQUEST_METADATAENTRY']._loaded_options = None
   _globals['_SUBMITREQUEST_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_CANCELREQUEST']._serialized_start=106
-  _globals['_CANCELREQUEST']._serialized_end=142
-  _globals['_SUBMITREQUEST']._serialized_start=145
-  _globals['_SUBMITREQUEST']._serialized_end=399
-  _globals['_SUBMITREQUEST_METADATAENTRY']._serialized_start=322
-  _globals['_SUBMITREQUEST_METADATAENTRY']._serialized_end=369
-  _globals['_SUBMITRESPONSE']._serialized_start=401
-  _globals['_SUBMITRESPONSE']._serialized_end=484
-  _globals['_GETREQUEST']._serialized_start=486
-  _globals['_GETREQUEST']._serialized_end=519
-  _globals['_WATCHREQUEST']._serialized_start=521
-  _globals['_WATCHREQUEST']._serialized_end=580
-  _globals['_WORKFLOWEVENT']._serialized_start=583
-  _globals['_WORKFLOWEVENT']._serialized_end=952
-  _globals['_WORKFLOWS']._serialized_start=955
-  _globals['_WORKFLOWS']._serialized_end=1223
+  _globals['_LISTREQUEST']._serialized_start=107
+  _globals['_LISTREQUEST']._serialized_end=418
+  _globals['_LISTREQUEST_LABELSENTRY']._serialized_start=373
+  _globals['_LISTREQUEST_LABELSENTRY']._serialized_end=418
+  _globals['_WORKFLOWSUMMARY']._serialized_start=421
+  _globals['_WORKFLOWSUMMARY']._serialized_end=844
+  _globals['_WORKFLOWSUMMARY_METADATAENTRY']._serialized_start=787
+  _globals['_WORKFLOWSUMMARY_METADATAENTRY']._serialized_end=834
+  _globals['_LISTRESPONSE']._serialized_start=846
+  _globals['_LISTRESPONSE']._serialized_end=928
+  _globals['_CANCELREQUEST']._serialized_start=930
+  _globals['_CANCELREQUEST']._serialized_end=966
+  _globals['_SUBMITREQUEST']._serialized_start=969
+  _globals['_SUBMITREQUEST']._serialized_end=1223
+  _globals['_SUBMITREQUEST_METADATAENTRY']._serialized_start=787
+  _globals['_SUBMITREQUEST_METADATAENTRY']._serialized_end=834
+  _globals['_SUBMITRESPONSE']._serialized_start=1225
+  _globals['_SUBMITRESPONSE']._serialized_end=1308
+  _globals['_GETREQUEST']._serialized_start=1310
+  _globals['_GETREQUEST']._serialized_end=1343
+  _globals['_WATCHREQUEST']._serialized_start=1345
+  _globals['_WATCHREQUEST']._serialized_end=1404
+  _globals['_WORKFLOWEVENT']._serialized_start=1407
+  _globals['_WORKFLOWEVENT']._serialized_end=1776
+  _globals['_WORKFLOWS']._serialized_start=1779
+  _globals['_WORKFLOWS']._serialized_end=2110
 # @@protoc_insertion_point(module_scope)

@@ -56,6 +56,11 @@ class WorkflowsStub:
                 request_serializer=conductor_dot_v1_dot_workflows__pb2.CancelRequest.SerializeToString,
                 response_deserializer=conductor_dot_v1_dot_common__pb2.Workflow.FromString,
                 _registered_method=True)
+        self.List = channel.unary_unary(
+                '/conductor.v1.Workflows/List',
+                request_serializer=conductor_dot_v1_dot_workflows__pb2.ListRequest.SerializeToString,
+                response_deserializer=conductor_dot_v1_dot_workflows__pb2.ListResponse.FromString,
+                _registered_method=True)
 
 
 class WorkflowsServicer:
@@ -95,6 +100,14 @@ class WorkflowsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def List(self, request, context):
+        """Lists the caller's workflows, newest first, a page at a time (as GET /v1/workflows).
+        INVALID_ARGUMENT for a limit out of range or an after that is not one of the caller's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkflowsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -117,6 +130,11 @@ def add_WorkflowsServicer_to_server(servicer, server):
                     servicer.Cancel,
                     request_deserializer=conductor_dot_v1_dot_workflows__pb2.CancelRequest.FromString,
                     response_serializer=conductor_dot_v1_dot_common__pb2.Workflow.SerializeToString,
+            ),
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=conductor_dot_v1_dot_workflows__pb2.ListRequest.FromString,
+                    response_serializer=conductor_dot_v1_dot_workflows__pb2.ListResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -228,6 +246,33 @@ class Workflows:
             '/conductor.v1.Workflows/Cancel',
             conductor_dot_v1_dot_workflows__pb2.CancelRequest.SerializeToString,
             conductor_dot_v1_dot_common__pb2.Workflow.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/conductor.v1.Workflows/List',
+            conductor_dot_v1_dot_workflows__pb2.ListRequest.SerializeToString,
+            conductor_dot_v1_dot_workflows__pb2.ListResponse.FromString,
             options,
             channel_credentials,
             insecure,
