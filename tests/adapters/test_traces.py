@@ -223,7 +223,7 @@ def test_upgrade_is_idempotent(database_url: str) -> None:
     finally:
         engine.dispose()
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert list(versions) == [head] == ["0007"]
+    assert list(versions) == [head] == ["0008"]
     assert count == 1
 
 
@@ -243,6 +243,7 @@ async def test_deleting_a_workflow_cascades_to_steps_and_attempts(engine: Engine
         "workflow_event": [],
         "api_key": [],
         "runner": [],
+        "response": [],
     }
 
 

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import conductor
-from conductor_api import chat, jobs
+from conductor_api import chat, jobs, responses
 from conductor_api.errors import error_body, install_error_handlers
 from conductor_api.metrics import ApiMetrics, MetricsMiddleware
 from conductor_api.schemas import ErrorResponse
@@ -146,6 +146,7 @@ def create_app(
     install_error_handlers(app)
     app.include_router(chat.router)
     app.include_router(jobs.router)
+    app.include_router(responses.router)
 
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 

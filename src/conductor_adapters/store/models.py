@@ -300,6 +300,40 @@ class ApiKeyRow(DbModel, table=True):
     revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
 
 
+class ResponseRow(DbModel, table=True):
+    """A response of the OpenAI Responses API (``/v1/responses``): what it was asked, to be read
+    back and continued. Its answer is its workflow's (``workflow_id``) or, for a worker called
+    directly, ``output``. ``store`` false keeps only the id's owner and workflow; a deleted
+    response keeps its row, marked and emptied, while its workflow's trace stays."""
+
+    __tablename__ = "response"
+
+    id: uuid.UUID = Field(primary_key=True)  # the workflow's id for a workflow's response
+    tenant: str
+    model: str
+    workflow_id: uuid.UUID | None = Field(
+        default=None, foreign_key="workflow.id", ondelete="CASCADE", index=True
+    )
+    store: bool = True
+    # The input items as sent, each a message with its id: {id, type, role, content: [parts]}.
+    input_items: list[dict[str, Any]] = Field(default_factory=list, sa_column=_json_column())
+    # The conversation before them, from the chain of previous responses: [{role, content}].
+    history: list[dict[str, str]] = Field(default_factory=list, sa_column=_json_column())
+    instructions: str | None = Field(default=None, sa_type=SafeText)
+    previous_response_id: str | None = Field(default=None, max_length=64)
+    # The request's other settings, echoed in the response object (temperature, user, ...).
+    settings: dict[str, Any] = Field(
+        default_factory=dict, sa_column=Column(JSON_TYPE, nullable=False, default=dict)
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict, sa_column=Column(JSON_TYPE, nullable=False, default=dict)
+    )
+    # A pass-through call's result: {text, usage, conductor}; NULL for a workflow's response.
+    output: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON_TYPE, nullable=True))
+    created_at: datetime = Field(default_factory=_utcnow, sa_type=UTCDateTime())
+    deleted_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
+
+
 workflow_table: Table = metadata.tables["workflow"]
 step_table: Table = metadata.tables["step"]
 attempt_table: Table = metadata.tables["attempt"]
@@ -307,3 +341,4 @@ run_table: Table = metadata.tables["workflow_run"]
 event_table: Table = metadata.tables["workflow_event"]
 api_key_table: Table = metadata.tables["api_key"]
 runner_table: Table = metadata.tables["runner"]
+response_table: Table = metadata.tables["response"]

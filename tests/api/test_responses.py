@@ -1,0 +1,549 @@
+"""The Responses API (``/v1/responses``) and ``/v1/completions``, driven by the real clients:
+the ``openai`` package, the OpenAI Agents SDK with its default model class, and LlamaIndex's
+``OpenAILike`` with its defaults, against the live server over both runtimes.
+
+The models are scripted (see ``fakes.api_fixture``): the Conductor solves with the first worker
+it is shown and has the second check; each worker answers with the number of messages it got,
+so what reaches a worker shows in its answer, and what reaches the Conductor shows in the
+workflow's question.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from agents import Agent, OpenAIResponsesModel, Runner, set_tracing_disabled
+from llama_index.core.llms import ChatMessage as LlamaMessage
+from llama_index.llms.openai_like import OpenAILike
+
+from fakes.api_fixture import ANSWER, Api
+
+QUESTION = "What is 6 * 7?"
+EVENT_ORDER = [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.content_part.added",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.content_part.done",
+    "response.output_item.done",
+    "response.completed",
+]
+
+
+@pytest.fixture
+def client(api: Api) -> Iterator[openai.OpenAI]:
+    """The official client (no retries), closed after the test."""
+    with api.client() as opened:
+        yield opened
+
+
+def _workflow(api: Api, workflow_id: str, key: str | None = None) -> dict[str, Any]:
+    with api.http(key) as http:
+        response = http.get(f"/v1/workflows/{workflow_id}")
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _workflow_id(response: Any) -> str:
+    workflow_id: str = response.model_extra["conductor"]["workflow_id"]
+    return workflow_id
+
+
+def _question(api: Api, response: Any) -> str:
+    question: str = _workflow(api, _workflow_id(response))["question"]
+    return question
+
+
+def _post(api: Api, path: str, body: dict[str, Any], key: str | None = None) -> httpx.Response:
+    with api.http(key) as http:
+        return http.post(path, json=body)
+
+
+def _deduplicated(kinds: list[str]) -> list[str]:
+    """The event types in order, each run of deltas as one."""
+    return [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1]]
+
+
+# -- responses.create ----------------------------------------------------------------------------
+
+
+def test_a_response_is_a_workflow_with_its_usage_and_steps(api: Api, client: openai.OpenAI) -> None:
+    response = client.responses.create(model="conductor-ultra", input=QUESTION)
+
+    assert response.output_text == ANSWER
+    assert response.status == "completed"
+    assert response.object == "response"
+    assert [item.type for item in response.output] == ["message"]
+    extra = response.model_extra["conductor"]
+    assert response.id == f"resp_{extra['workflow_id'].replace('-', '')}"
+    assert [s["worker"] for s in extra["steps"]] == ["alpha", "beta"]
+    workflow = _workflow(api, extra["workflow_id"])
+    assert workflow["question"] == QUESTION
+    assert workflow["answer"] == ANSWER
+    usage = response.usage
+    assert usage is not None
+    assert usage.input_tokens == workflow["usage"]["prompt_tokens"] > 100
+    assert usage.output_tokens == workflow["usage"]["completion_tokens"]
+    assert usage.total_tokens == workflow["usage"]["total_tokens"]
+    assert usage.input_tokens_details.cached_tokens == workflow["usage"]["cached_tokens"]
+    assert usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_item_input_and_instructions_reach_the_conductor(api: Api, client: openai.OpenAI) -> None:
+    response = client.responses.create(
+        model="conductor-mini",
+        instructions="Answer in French.",
+        input=[
+            {"role": "user", "content": "Remember 6."},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "OK."}]},
+            {
+                "type": "message",
+                "role": "user",
+                "content": [
+                    {"type": "input_text", "text": "Times "},
+                    {"type": "input_text", "text": "7?"},
+                ],
+            },
+        ],
+        metadata={"ticket": "T-1"},
+    )
+
+    assert response.output_text == "alpha answers 1 message(s)"
+    assert response.instructions == "Answer in French."
+    assert response.metadata == {"ticket": "T-1"}
+    assert _question(api, response) == (
+        "Instructions:\nAnswer in French.\n\nConversation so far:\nUser: Remember 6.\n"
+        "Assistant: OK.\n\nRequest:\nTimes 7?"
+    )
+    assert _workflow(api, _workflow_id(response))["metadata"] == {"ticket": "T-1"}
+
+
+def test_a_worker_name_as_model_is_a_pass_through_with_the_conversation(
+    client: openai.OpenAI,
+) -> None:
+    first = client.responses.create(model="alpha", input="Hi", instructions="Be brief.")
+    second = client.responses.create(model="alpha", input="Again", previous_response_id=first.id)
+
+    # instructions + the question; then the earlier question and answer + the new question
+    # (the earlier instructions are not carried over, as in the OpenAI API)
+    assert first.output_text == "alpha answers 2 message(s)"
+    assert second.output_text == "alpha answers 3 message(s)"
+    assert first.model_extra["conductor"]["worker"] == "alpha"
+    assert first.usage is not None
+    assert first.usage.input_tokens == 3
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+
+
+# -- streams -------------------------------------------------------------------------------------
+
+
+def test_a_stream_sends_the_response_events_in_order_with_the_same_answer(
+    client: openai.OpenAI,
+) -> None:
+    plain = client.responses.create(model="conductor-ultra", input=QUESTION)
+    events = list(client.responses.create(model="conductor-ultra", input=QUESTION, stream=True))
+
+    kinds = [e.type for e in events]
+    assert _deduplicated(kinds) == EVENT_ORDER
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == plain.output_text == ANSWER
+    created, completed = events[0].response, events[-1].response
+    assert created.status == "in_progress"
+    assert created.id == completed.id
+    assert completed.status == "completed"
+    assert completed.output_text == ANSWER
+    assert completed.usage is not None
+    assert completed.usage.total_tokens == plain.usage.total_tokens  # type: ignore[union-attr]
+    # stored: it reads back as it ended
+    assert client.responses.retrieve(completed.id).output_text == ANSWER
+
+
+def test_the_stream_helper_accumulates_the_final_response(client: openai.OpenAI) -> None:
+    with client.responses.stream(model="conductor-ultra", input=QUESTION) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+
+    assert _deduplicated(kinds) == EVENT_ORDER
+    assert final.output_text == ANSWER
+    assert final.status == "completed"
+
+
+def test_a_pass_through_streams_too(client: openai.OpenAI) -> None:
+    events = list(client.responses.create(model="alpha", input="Hi", stream=True))
+
+    assert _deduplicated([e.type for e in events]) == EVENT_ORDER
+    assert events[-1].response.output_text == "alpha answers 1 message(s)"
+
+
+def test_the_async_client_creates_and_streams(api: Api) -> None:
+    async def run() -> tuple[Any, list[Any]]:
+        client = openai.AsyncOpenAI(base_url=f"{api.url}/v1", api_key=api.key, max_retries=0)
+        async with client:
+            plain, stream = await asyncio.gather(
+                client.responses.create(model="conductor-ultra", input=QUESTION),
+                client.responses.create(model="conductor-ultra", input=QUESTION, stream=True),
+            )
+            return plain, [event async for event in stream]
+
+    plain, events = asyncio.run(run())
+
+    assert plain.output_text == ANSWER
+    assert events[-1].response.output_text == ANSWER
+
+
+# -- stored responses ----------------------------------------------------------------------------
+
+
+def test_previous_response_id_continues_the_stored_conversation(
+    api: Api, client: openai.OpenAI
+) -> None:
+    first = client.responses.create(
+        model="conductor-ultra", input=QUESTION, instructions="Be exact."
+    )
+    second = client.responses.create(
+        model="conductor-ultra", input="And doubled?", previous_response_id=first.id
+    )
+    third = client.responses.create(
+        model="conductor-mini", input="Halved?", previous_response_id=second.id
+    )
+
+    assert second.previous_response_id == first.id
+    assert _question(api, second) == (
+        f"Conversation so far:\nUser: {QUESTION}\nAssistant: {ANSWER}\n\nRequest:\nAnd doubled?"
+    )
+    assert _question(api, third) == (
+        f"Conversation so far:\nUser: {QUESTION}\nAssistant: {ANSWER}\nUser: And doubled?\n"
+        f"Assistant: {ANSWER}\n\nRequest:\nHalved?"
+    )
+    assert third.output_text == "alpha answers 1 message(s)"
+
+
+def test_a_response_sent_with_store_false_cannot_be_read_or_continued(
+    client: openai.OpenAI,
+) -> None:
+    response = client.responses.create(model="conductor-ultra", input=QUESTION, store=False)
+
+    assert response.output_text == ANSWER
+    assert response.model_extra["store"] is False
+    with pytest.raises(openai.NotFoundError, match="store=false"):
+        client.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError) as continued:
+        client.responses.create(
+            model="conductor-ultra", input="Again", previous_response_id=response.id
+        )
+    assert continued.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list(response.id)
+
+
+def test_input_items_are_listed_page_by_page(api: Api, client: openai.OpenAI) -> None:
+    texts = [f"Line {i}." for i in range(5)]
+    response = client.responses.create(
+        model="conductor-mini",
+        input=[{"role": "user", "content": t} for t in texts],
+    )
+
+    first_page = client.responses.input_items.list(response.id, limit=2)
+    everything = list(client.responses.input_items.list(response.id, limit=2))
+    ascending = client.responses.input_items.list(response.id, order="asc", limit=100)
+
+    assert [item.content[0].text for item in first_page.data] == texts[::-1][:2]  # type: ignore[union-attr]
+    assert first_page.has_more is True
+    assert first_page.first_id == first_page.data[0].id  # type: ignore[union-attr]
+    assert [item.content[0].text for item in everything] == texts[::-1]  # type: ignore[union-attr]
+    assert [item.content[0].text for item in ascending.data] == texts  # type: ignore[union-attr]
+    assert ascending.has_more is False
+    assert all(item.type == "message" and item.role == "user" for item in everything)  # type: ignore[union-attr]
+    assert len({item.id for item in everything}) == 5  # type: ignore[union-attr]
+    with api.http() as http:
+        unknown = http.get(f"/v1/responses/{response.id}/input_items", params={"after": "msg_x"})
+    assert unknown.status_code == 400
+    assert unknown.json()["error"]["param"] == "after"
+
+
+def test_a_deleted_response_is_gone_and_its_workflow_stays(api: Api, client: openai.OpenAI) -> None:
+    response = client.responses.create(model="conductor-ultra", input=QUESTION)
+    retrieved = client.responses.retrieve(response.id)
+
+    client.responses.delete(response.id)
+
+    assert retrieved.output_text == ANSWER
+    assert retrieved.usage == response.usage
+    for read in (
+        lambda: client.responses.retrieve(response.id),
+        lambda: client.responses.input_items.list(response.id),
+        lambda: client.responses.delete(response.id),
+        lambda: client.responses.create(
+            model="conductor-ultra", input="Again", previous_response_id=response.id
+        ),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            read()
+    assert _workflow(api, _workflow_id(response))["answer"] == ANSWER  # the trace stays
+
+
+def test_another_tenants_response_is_not_found(api: Api, client: openai.OpenAI) -> None:
+    response = client.responses.create(model="conductor-ultra", input=QUESTION)
+    other = api.client(api.other_key)
+    calls = (
+        lambda: other.responses.retrieve(response.id),
+        lambda: other.responses.input_items.list(response.id),
+        lambda: other.responses.delete(response.id),
+        lambda: other.responses.create(
+            model="conductor-ultra", input="Again", previous_response_id=response.id
+        ),
+    )
+    with other:
+        for call in calls:
+            with pytest.raises(openai.NotFoundError):
+                call()
+    assert client.responses.retrieve(response.id).output_text == ANSWER  # not deleted
+
+
+@pytest.mark.parametrize("response_id", ["resp_nope", "nope", f"resp_{'0' * 32}"])
+def test_an_unknown_response_id_is_not_found(api: Api, response_id: str) -> None:
+    with api.http() as http:
+        answer = http.get(f"/v1/responses/{response_id}")
+    assert answer.status_code == 404
+    assert set(answer.json()["error"]) == {"message", "type", "param", "code"}
+
+
+# -- what is refused, and what is accepted -------------------------------------------------------
+
+
+SDK_DEFAULTS: dict[str, Any] = {
+    "tools": [],
+    "tool_choice": "auto",
+    "parallel_tool_calls": True,
+    "truncation": "disabled",
+    "temperature": 0.7,
+    "top_p": 1.0,
+    "user": "user-1",
+    "include": [],
+    "store": True,
+    "text": {"format": {"type": "text"}},
+    "reasoning": None,
+    "background": False,
+    "max_output_tokens": 256,
+    "stream_options": None,
+    "service_tier": "auto",
+}
+
+
+def test_the_fields_sdks_send_by_default_are_accepted(api: Api) -> None:
+    response = _post(
+        api, "/v1/responses", {"model": "conductor-ultra", "input": QUESTION, **SDK_DEFAULTS}
+    )
+
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["max_output_tokens"] == 256
+    assert body["temperature"] == 0.7
+    assert body["user"] == "user-1"
+
+
+IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
+        ({"background": True}, "background"),
+        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"top_logprobs": 3}, "top_logprobs"),
+        ({"conversation": "conv_1"}, "conversation"),
+        ({"prompt": {"id": "pmpt_1"}}, "prompt"),
+        ({"frobnicate": 1}, "frobnicate"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}, IMAGE]}]},
+            "input.0.content.1",
+        ),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]},
+            "input.0.type",
+        ),
+        ({"input": [{"role": "user", "content": "a\x00b"}]}, "input.0.content"),
+        ({"input": []}, "input"),
+        ({"input": [{"role": "assistant", "content": "Only me."}]}, "input"),
+        ({"instructions": "x\x00"}, "instructions"),
+        ({"conductor": {"max_steps": 9}}, "conductor.max_steps"),
+        ({"metadata": {"k": "v\x00"}}, "metadata.k"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_what_cannot_be_honoured_is_a_400_naming_the_field(
+    api: Api, fields: dict[str, Any], param: str
+) -> None:
+    body = {"model": "conductor-ultra", "input": QUESTION, **fields}
+    for model in ("conductor-ultra", "alpha"):
+        if model == "alpha" and param.startswith("conductor"):
+            continue
+        response = _post(api, "/v1/responses", {**body, "model": model})
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == param, error
+        assert param.split(".")[0] in error["message"]
+
+
+def test_the_sdk_raises_bad_request_for_tools(client: openai.OpenAI) -> None:
+    tool: Any = {
+        "type": "function",
+        "name": "add",
+        "parameters": {"type": "object"},
+        "strict": True,
+    }
+    with pytest.raises(openai.BadRequestError, match="tools") as refused:
+        client.responses.create(model="conductor-ultra", input=QUESTION, tools=[tool])
+    assert refused.value.body["param"] == "tools"  # type: ignore[index]
+
+
+def test_an_unknown_model_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.responses.create(model="gpt-nope", input=QUESTION)
+
+
+# -- failures ------------------------------------------------------------------------------------
+
+
+def test_a_failed_workflow_is_a_502_not_to_retry_and_a_failed_stream(api: Api) -> None:
+    # the official client with its default retries (2)
+    with openai.OpenAI(base_url=f"{api.url}/v1", api_key=api.delta_key) as client:
+        with pytest.raises(openai.APIStatusError) as failed:
+            client.responses.create(model="conductor-ultra", input=QUESTION)
+        with pytest.raises(openai.APIStatusError) as passthrough:
+            client.responses.create(model="delta", input=QUESTION)
+        events = list(client.responses.create(model="conductor-ultra", input=QUESTION, stream=True))
+        retrieved = client.responses.retrieve(events[-1].response.id)
+
+    for error in (failed.value, passthrough.value):
+        assert error.status_code == 502
+        assert error.response.headers["x-should-retry"] == "false"
+        assert "10.20.30.40" not in error.message
+    assert [e.type for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.failed",
+    ]
+    last = events[-1].response
+    assert last.status == "failed"
+    assert last.error is not None
+    assert "failed" in last.error.message
+    # stored as failed: it reads back so
+    assert retrieved.status == "failed"
+    assert retrieved.output == []
+
+
+# -- /v1/completions -----------------------------------------------------------------------------
+
+
+def test_a_completion_is_a_chat_completion_of_one_user_message(
+    api: Api, client: openai.OpenAI
+) -> None:
+    completion = client.completions.create(model="conductor-ultra", prompt=QUESTION)
+    chunks = list(
+        client.completions.create(
+            model="conductor-ultra",
+            prompt=QUESTION,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+
+    assert completion.object == "text_completion"
+    assert completion.id.startswith("cmpl-")
+    assert completion.choices[0].text == ANSWER
+    assert completion.choices[0].finish_reason == "stop"
+    assert _question(api, completion) == QUESTION
+    assert completion.usage is not None
+    assert completion.usage.prompt_tokens > 100
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ANSWER
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.total_tokens == completion.usage.total_tokens
+    worker = client.completions.create(model="alpha", prompt=["Hi"])
+    assert worker.choices[0].text == "alpha answers 1 message(s)"
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"echo": True}, "echo"),
+        ({"suffix": "x"}, "suffix"),
+        ({"logprobs": 2}, "logprobs"),
+        ({"n": 2}, "n"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": "a\x00"}, "prompt"),
+        ({"model": "gpt-nope"}, "model"),
+    ],
+)
+def test_a_completion_refuses_what_it_cannot_honour(
+    api: Api, fields: dict[str, Any], param: str
+) -> None:
+    response = _post(api, "/v1/completions", {"model": "conductor-ultra", "prompt": "Hi", **fields})
+    assert response.status_code in (400, 404), response.text
+    assert response.json()["error"]["param"] == param
+
+
+# -- the OpenAI Agents SDK and LlamaIndex, with their defaults -----------------------------------
+
+
+def test_the_agents_sdk_runs_an_agent_on_a_workflow(api: Api) -> None:
+    set_tracing_disabled(True)
+
+    async def run() -> tuple[Any, Any, Any]:
+        client = openai.AsyncOpenAI(base_url=f"{api.url}/v1", api_key=api.key)
+        async with client:
+            agent = Agent(
+                name="Calculator",
+                instructions="Answer with the number only.",
+                model=OpenAIResponsesModel(model="conductor-ultra", openai_client=client),
+            )
+            result = await Runner.run(agent, QUESTION)
+            follow_up = await Runner.run(
+                agent, "And doubled?", previous_response_id=result.last_response_id
+            )
+            streamed = Runner.run_streamed(agent, QUESTION)
+            async for _ in streamed.stream_events():
+                pass
+            return result, follow_up, streamed
+
+    result, follow_up, streamed = asyncio.run(run())
+
+    assert result.final_output == ANSWER
+    assert follow_up.final_output == ANSWER
+    assert streamed.final_output == ANSWER
+    workflow_id = result.last_response_id.removeprefix("resp_")
+    assert _workflow(api, workflow_id)["question"] == (
+        f"Instructions:\nAnswer with the number only.\n\nRequest:\n{QUESTION}"
+    )
+    follow_up_id = follow_up.last_response_id.removeprefix("resp_")
+    assert f"Assistant: {ANSWER}" in _workflow(api, follow_up_id)["question"]
+
+
+def test_llamaindex_openai_like_completes_and_chats_with_its_defaults(api: Api) -> None:
+    with httpx.Client() as http:  # closed here: the clients LlamaIndex makes are not
+        where = {"api_base": f"{api.url}/v1", "api_key": api.key, "http_client": http}
+        completer = OpenAILike(model="conductor-ultra", **where)
+        chatter = OpenAILike(model="conductor-ultra", is_chat_model=True, **where)
+
+        completed = completer.complete(QUESTION)
+        streamed = list(completer.stream_complete(QUESTION))
+        chatted = chatter.chat([LlamaMessage(role="user", content=QUESTION)])
+
+    assert completed.text == ANSWER
+    assert streamed[-1].text == ANSWER
+    assert chatted.message.content == ANSWER
