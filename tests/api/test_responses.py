@@ -504,7 +504,7 @@ def test_a_completion_refuses_what_it_cannot_honour(
 def test_the_agents_sdk_runs_an_agent_on_a_workflow(api: Api) -> None:
     set_tracing_disabled(True)
 
-    async def run() -> tuple[Any, Any, Any]:
+    async def run() -> tuple[Any, Any, Any, Any]:
         client = openai.AsyncOpenAI(base_url=f"{api.url}/v1", api_key=api.key)
         async with client:
             agent = Agent(
@@ -516,12 +516,16 @@ def test_the_agents_sdk_runs_an_agent_on_a_workflow(api: Api) -> None:
             follow_up = await Runner.run(
                 agent, "And doubled?", previous_response_id=result.last_response_id
             )
+            # the whole conversation sent again: the earlier output items come back as input
+            resent = await Runner.run(
+                agent, [*result.to_input_list(), {"role": "user", "content": "And doubled?"}]
+            )
             streamed = Runner.run_streamed(agent, QUESTION)
             async for _ in streamed.stream_events():
                 pass
-            return result, follow_up, streamed
+            return result, follow_up, resent, streamed
 
-    result, follow_up, streamed = asyncio.run(run())
+    result, follow_up, resent, streamed = asyncio.run(run())
 
     assert result.final_output == ANSWER
     assert follow_up.final_output == ANSWER
@@ -530,8 +534,13 @@ def test_the_agents_sdk_runs_an_agent_on_a_workflow(api: Api) -> None:
     assert _workflow(api, workflow_id)["question"] == (
         f"Instructions:\nAnswer with the number only.\n\nRequest:\n{QUESTION}"
     )
-    follow_up_id = follow_up.last_response_id.removeprefix("resp_")
-    assert f"Assistant: {ANSWER}" in _workflow(api, follow_up_id)["question"]
+    for continued in (follow_up, resent):
+        question = _workflow(api, continued.last_response_id.removeprefix("resp_"))["question"]
+        assert question == (
+            "Instructions:\nAnswer with the number only.\n\nConversation so far:\n"
+            f"User: {QUESTION}\nAssistant: {ANSWER}\n\nRequest:\nAnd doubled?"
+        )
+    assert resent.final_output == ANSWER
 
 
 def test_llamaindex_openai_like_completes_and_chats_with_its_defaults(api: Api) -> None:
