@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
+from conductor.answer_format import AnswerFormat
 from conductor.errors import ConfigurationError, InvalidRequest, StepCallFailed
 from conductor.machine import (
     Aborted,
@@ -73,8 +74,10 @@ class WorkflowExecutor:
         workflow_id: uuid.UUID | None = None,
         pool: Sequence[str] | None = None,
         created_at: datetime | None = None,
+        answer_format: AnswerFormat | None = None,
     ) -> WorkflowRecord:
-        """Run one workflow; ``pool`` limits the workers the Conductor sees (None: all)."""
+        """Run one workflow; ``pool`` limits the workers the Conductor sees (None: all);
+        ``answer_format`` is the form its answer must take (None: any text)."""
         check_question(question)
         entries = self.entries_for(pool)
         if not entries:
@@ -85,6 +88,7 @@ class WorkflowExecutor:
             variant=variant,
             entries=entries,
             created_at=created_at,
+            answer_format=answer_format,
         )
         tasks: set[asyncio.Task[Fact]] = set()
         try:

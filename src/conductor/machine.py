@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, Field
 
+from conductor.answer_format import AnswerFormat, AnswerFormatError
 from conductor.chat import ChatMessage, Usage
 from conductor.orchestration import (
     CONDUCTOR_WORKER,
@@ -194,6 +195,8 @@ class WorkflowState(BaseModel):
     resend_plan: bool = False
     resend_steps: list[int] = Field(default_factory=list)
     event_sequence: int = 0
+    # The form the client requires of the answer (response_format); None: any text.
+    answer_format: AnswerFormat | None = None
 
     @property
     def finished(self) -> bool:
@@ -214,6 +217,7 @@ class WorkflowMachine:
         variant: Variant,
         entries: list[PoolEntry],
         created_at: datetime | None = None,
+        answer_format: AnswerFormat | None = None,
     ) -> WorkflowMachine:
         result = WorkflowRecord(
             workflow_id=workflow_id,
@@ -224,7 +228,10 @@ class WorkflowMachine:
             steps=[],
             created_at=created_at or utcnow(),
         )
-        machine = cls(WorkflowState(result=result, variant=variant, entries=entries))
+        state = WorkflowState(
+            result=result, variant=variant, entries=entries, answer_format=answer_format
+        )
+        machine = cls(state)
         machine._emit(EventKind.STARTED, workers=[e.name for e in entries])
         return machine
 
@@ -317,6 +324,12 @@ class WorkflowMachine:
         step's deadline."""
         by_index = {s.index: s for s in self.result.steps}
         messages = build_messages(self.result.question, step, by_index)
+        form = self.state.answer_format
+        if form is not None and self._writes_the_answer(step):
+            last = messages[-1]
+            messages[-1] = last.model_copy(
+                update={"content": f"{last.content}\n\n{form.instruction()}"}
+            )
         sends = self.state.dispatches.get(step.index, 0) + 1
         sent_at = utcnow()
         self.state.dispatches[step.index] = sends
@@ -559,13 +572,28 @@ class WorkflowMachine:
         self._end(EventKind.CANCELLED)
         return True
 
+    def _writes_the_answer(self, step: StepRecord) -> bool:
+        """Whether ``step`` is its round's last worker step: the one whose answer stands."""
+        return step.index == max(
+            s.index
+            for s in self.result.steps
+            if s.round == step.round and s.kind is StepKind.WORKER
+        )
+
     def _complete(self) -> None:
         worker_steps = [s for s in self.result.steps if s.kind is StepKind.WORKER]
         if not worker_steps:
             self._fail("no step produced an answer")
             return
         # The last step's answer is the answer, even when it is empty.
-        self.result.answer = worker_steps[-1].output or ""
+        answer = worker_steps[-1].output or ""
+        if self.state.answer_format is not None:
+            try:
+                answer = self.state.answer_format.conform(answer)
+            except AnswerFormatError as exc:
+                self._fail(f"the answer does not follow response_format: {exc}")
+                return
+        self.result.answer = answer
         self.result.status = WorkflowStatus.COMPLETED
         self._end(EventKind.COMPLETED)
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import conductor.machine as machine_module
+from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage, Usage
 from conductor.machine import (
     CONDUCTOR_ENTRY,
@@ -1100,6 +1101,51 @@ def test_a_stored_state_that_says_profile_instead_of_variant_loads() -> None:
 
     assert state.variant == TIMED
     assert dispatched(WorkflowMachine(state).advance()) == []
+
+
+# -- the answer's form -------------------------------------------------------------------------
+
+JSON_FORM = AnswerFormat(type="json_object")
+
+
+def _json_workflow(*steps: PlanStep) -> tuple[WorkflowMachine, list[Action]]:
+    machine = WorkflowMachine.start(
+        workflow_id=WORKFLOW_ID,
+        question=QUESTION,
+        variant=ULTRA,
+        entries=list(ENTRIES),
+        created_at=T0,
+        answer_format=JSON_FORM,
+    )
+    request = requested(machine.advance()).request
+    assert machine.apply(PlanReady(0, outcome(request.pool, *steps)))
+    return machine, machine.advance()
+
+
+def test_only_the_step_that_writes_the_answer_is_told_its_form() -> None:
+    machine, first = _json_workflow(step(ALPHA, "find facts"), step(BETA, "write it", 0))
+    [later] = succeed(machine, 0, "facts")
+
+    assert isinstance(first[0], Dispatch)
+    assert isinstance(later, Dispatch)
+    assert "JSON" not in first[0].messages[-1].content
+    assert later.messages[-1].content.endswith(JSON_FORM.instruction())
+
+
+def test_the_answer_is_kept_as_the_json_it_holds() -> None:
+    machine, _ = _json_workflow(step(ALPHA, "answer"))
+    succeed(machine, 0, 'Here: ```json\n{"answer": 42}\n```')
+
+    assert machine.result.status is WorkflowStatus.COMPLETED
+    assert machine.result.answer == '{"answer":42}'
+
+
+def test_an_answer_without_the_json_asked_for_fails_the_workflow_with_the_reason() -> None:
+    machine, _ = _json_workflow(step(ALPHA, "answer"))
+    succeed(machine, 0, "forty-two")
+
+    assert machine.result.status is WorkflowStatus.FAILED
+    assert "does not follow response_format: the answer is not JSON" in (machine.result.error or "")
 
 
 # -- abort ------------------------------------------------------------------------------------

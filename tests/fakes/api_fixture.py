@@ -5,6 +5,7 @@ shown and has the second check, and workers with known answers."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from fakes.api_server import LiveApi, TwoStepBackend, named_pool, scripted_servi
 from fakes.distributed import distributed_stack
 from fakes.scripted import ScriptedWorker
 
-NAMES = ["alpha", "beta", "gamma", "delta", "slow"]
+NAMES = ["alpha", "beta", "gamma", "delta", "slow", "jsoner"]
 SLOW_S = 60.0  # slow answers after a minute: long enough to be cancelled first
 # delta is always down, and its pool entry falls back to alpha.
 FALLBACKS = {"delta": ["alpha"]}
@@ -48,7 +49,18 @@ def scripted_workers() -> list[ScriptedWorker]:
         # Its failure names an internal address: clients must not see it, the trace keeps it.
         ScriptedWorker("delta", fail_with=WorkerUnavailable(f"delta is down at {DELTA_URL}")),
         ScriptedWorker("slow", delay_s=SLOW_S),
+        ScriptedWorker("jsoner", answer=json_when_asked),
     ]
+
+
+JSON_ANSWER = {"answer": 42, "unit": "none"}
+
+
+def json_when_asked(messages: list[Any]) -> str:
+    """Answers JSON, wrapped as models wrap it, when told to; prose otherwise."""
+    if "JSON" in messages[-1].content:
+        return f"Here it is:\n```json\n{json.dumps(JSON_ANSWER)}\n```"
+    return "forty-two"
 
 
 @dataclass

@@ -157,6 +157,7 @@ class Aggregator:
             variant=request.variant,
             entries=entries,
             created_at=run.created_at,
+            answer_format=request.answer_format,
         )
         if unknown:
             machine.apply(Aborted(f"workers not in the pool: {', '.join(unknown)}"))

@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from conductor.answer_format import AnswerFormat, AnswerFormatError
 from conductor.chat import ChatMessage, Usage
 from conductor.errors import StepCallFailed
 from conductor.ports import StepCallResult
@@ -170,8 +171,14 @@ async def chat_completions(
     metrics: ApiMetrics = request.app.state.metrics
     created = int(time.time())
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    refuse_unsupported(body)
+    answer_format = answer_format_of(body.response_format)
     if body.model in service.worker_names:
-        return await _passthrough(service, metrics, caller, body, created, include_usage)
+        if answer_format is not None:
+            answer_format.check_schema("response_format.json_schema.schema")
+        return await _passthrough(
+            service, metrics, caller, body, created, include_usage, answer_format
+        )
     if body.model not in service.variants:
         raise _unknown_model(body.model)
     question = render_question(body.messages)
@@ -185,6 +192,7 @@ async def chat_completions(
         cost_weight=options.cost_weight if options else None,
         metadata=body.metadata,
         fields=CHAT_FIELDS,
+        answer_format=answer_format,
     )
     workflow_id = await service.submit(submission)
     metrics.workflows.labels(submission.variant.name).inc()
@@ -204,6 +212,50 @@ async def chat_completions(
     return _completion(
         completion_id, body.model, created, view.answer or "", usage, conductor_field(view)
     )
+
+
+def refuse_unsupported(body: ChatCompletionRequest) -> None:
+    """A 400 naming what this API cannot do, rather than a request silently half-honoured."""
+    if body.tools:
+        raise _unsupported(
+            "tools",
+            "function calling is not supported: no worker is called with tools (describe what "
+            "a tool would do in the question instead)",
+        )
+    if body.tool_choice not in (None, "none", "auto"):
+        raise _unsupported("tool_choice", 'only "none" or "auto" is accepted (there are no tools)')
+    for i, message in enumerate(body.messages):
+        if message.role == "tool" or (message.model_extra or {}).get("tool_calls"):
+            raise _unsupported(
+                f"messages[{i}]", "tool calls and tool results are not supported (no tools)"
+            )
+        if message.content is None:
+            raise ApiError(400, f"messages[{i}].content: required", param=f"messages[{i}]")
+        if isinstance(message.content, list):
+            for j, part in enumerate(message.content):
+                if part.type != "text":
+                    raise _unsupported(
+                        f"messages[{i}].content[{j}]",
+                        f"{part.type} content is not supported: send text parts only",
+                    )
+                if part.text is None:
+                    raise ApiError(
+                        400, "a text part needs its text", param=f"messages[{i}].content[{j}]"
+                    )
+
+
+def _unsupported(param: str, reason: str) -> ApiError:
+    return ApiError(400, f"{param}: {reason}", code="unsupported_parameter", param=param)
+
+
+def answer_format_of(response_format: Any) -> AnswerFormat | None:
+    """The answer's required form from OpenAI's ``response_format`` (None: any text)."""
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return AnswerFormat(type="json_object")
+    spec = response_format.json_schema
+    return AnswerFormat(type="json_schema", name=spec.name, json_schema=spec.schema_)
 
 
 def _unknown_model(model: str) -> ApiError:
@@ -333,6 +385,7 @@ async def _passthrough(
     body: ChatCompletionRequest,
     created: int,
     include_usage: bool,
+    answer_format: AnswerFormat | None = None,
 ) -> JSONResponse | StreamingResponse:
     if body.model not in service.allowed_workers(caller):
         raise _unknown_model(body.model)
@@ -344,9 +397,21 @@ async def _passthrough(
         )
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     messages = _messages(body)
+    if answer_format is not None:
+        messages.append(ChatMessage(role="system", content=answer_format.instruction()))
 
-    def call() -> Awaitable[StepCallResult]:  # started inside the stream, if streaming
-        return service.passthrough(body.model, messages, allowed_workers=caller.allowed_pool)
+    async def call() -> StepCallResult:  # started inside the stream, if streaming
+        result = await service.passthrough(
+            body.model, messages, allowed_workers=caller.allowed_pool
+        )
+        if answer_format is None:
+            return result
+        try:
+            text = answer_format.conform(result.text)
+        except AnswerFormatError as exc:
+            reason = f"{body.model}: the answer does not follow response_format: {exc}"
+            raise StepCallFailed(reason, result.attempts) from None
+        return result.model_copy(update={"text": text})
 
     if body.stream:
         chunks = _Chunks(completion_id, body.model, created)

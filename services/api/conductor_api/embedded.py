@@ -106,6 +106,7 @@ class EmbeddedWorkflows(WorkflowService):
                 workflow_id=workflow_id,
                 pool=request.pool,
                 created_at=now,
+                answer_format=request.answer_format,
             ),
             name=f"workflow-{workflow_id}",
         )

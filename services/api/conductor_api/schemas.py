@@ -75,31 +75,67 @@ class ConductorOptions(BaseModel):
     cost_weight: CostWeight = None
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class ContentPart(BaseModel):
+    """A part of a message's content. Any type parses, so that a part this API cannot take (an
+    image, audio, a file) is refused by name rather than as a schema mismatch."""
 
-    type: Literal["text"]
-    text: ContentText
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(max_length=64)
+    text: ContentText | None = None
 
 
 class ChatMessageIn(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: ContentText | Annotated[list[TextPart], Field(max_length=MAX_MESSAGES)]
+    # "tool" parses, to be refused with its reason (no worker is called with tools).
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: ContentText | Annotated[list[ContentPart], Field(max_length=MAX_MESSAGES)] | None = (
+        None
+    )
     name: Name | None = None
 
     @field_validator("content")
     @classmethod
-    def _check_content(cls, content: str | list[TextPart]) -> str | list[TextPart]:
-        _no_nul(content if isinstance(content, str) else "".join(p.text for p in content))
+    def _check_content(cls, content: str | list[ContentPart] | None) -> Any:
+        if content is not None:
+            _no_nul(content if isinstance(content, str) else "".join(p.text or "" for p in content))
         return content
 
     @property
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text or "" for part in self.content)
+
+
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: bool | None = None
+
+
+class TextFormat(BaseModel):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(BaseModel):
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(BaseModel):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")
+]
 
 
 class StreamOptions(BaseModel):
@@ -121,6 +157,17 @@ class ChatCompletionRequest(BaseModel):
     n: int = Field(default=1, ge=1, le=1, strict=True, description="Only one choice is supported.")
     conductor: ConductorOptions | None = None
     metadata: dict[Name, LabelValue] | None = Field(default=None, max_length=MAX_LABELS)
+    response_format: ResponseFormat | None = Field(
+        default=None,
+        description="json_object or json_schema: the answer is one JSON object (matching the "
+        "schema), checked before it is returned.",
+    )
+    tools: list[dict[str, Any]] | None = Field(
+        default=None, description="Not supported: a non-empty list is refused."
+    )
+    tool_choice: str | dict[str, Any] | None = Field(
+        default=None, description='Only "none" or "auto" without tools.'
+    )
 
 
 class WorkflowSubmission(BaseModel):

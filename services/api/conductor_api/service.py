@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
+from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage
 from conductor.errors import InvalidRequest
 from conductor.machine import FINAL_EVENT_KINDS
@@ -73,6 +74,7 @@ class SubmitFields:
     max_steps: str = "max_steps"
     cost_weight: str = "cost_weight"
     labels: str = "metadata"
+    answer_format: str = "response_format"
 
 
 # The job API's and gRPC's names; chat completions carry the options under "conductor".
@@ -343,6 +345,7 @@ class WorkflowService(ABC):
         cost_weight: float | None = None,
         metadata: Mapping[str, str] | None = None,
         fields: SubmitFields = JOB_FIELDS,
+        answer_format: AnswerFormat | None = None,
     ) -> SubmitRequest:
         """A request checked against every rule before anything is recorded: the question,
         the variant, max_steps, the labels, and the pool against the pool and the caller's
@@ -353,12 +356,15 @@ class WorkflowService(ABC):
             raise InvalidRequest(f"{fields.question}: {exc}", param=fields.question) from None
         labels = dict(metadata or {})
         check_labels(labels, fields.labels)
+        if answer_format is not None:
+            answer_format.check_schema(fields.answer_format)
         return SubmitRequest(
             question=question,
             variant=self.variant_for(variant, max_steps, cost_weight, fields),
             pool=self.resolve_pool(caller, pool, fields),
             tenant=caller.tenant,
             metadata=labels,
+            answer_format=answer_format,
         )
 
     async def wait_for_outcome(self, workflow_id: uuid.UUID, tenant: str) -> None:

@@ -17,6 +17,7 @@ from celery import Celery
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from sqlalchemy import Connection, Engine, Select, bindparam, insert, select, update
 
+from conductor.answer_format import AnswerFormat
 from conductor.machine import WorkflowMachine, WorkflowState, utcnow
 from conductor.messaging import AGGREGATOR_QUEUE, START_WORKFLOW_TASK
 from conductor.orchestration import check_question
@@ -37,6 +38,8 @@ class SubmitRequest(BaseModel):
     pool: list[str] | None = None
     tenant: str = "default"
     metadata: dict[str, str] = Field(default_factory=dict)
+    # The form the answer must take (response_format); None: any text.
+    answer_format: AnswerFormat | None = None
     # A client's Idempotency-Key and the SHA-256 of the request it came with (both or none).
     idempotency_key: str | None = None
     request_hash: str | None = None

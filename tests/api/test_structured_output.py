@@ -1,0 +1,146 @@
+"""Structured output (``response_format``) and what the API refuses rather than ignores (tools,
+tool messages, images), with the official openai client and LangChain's ChatOpenAI."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel
+
+from fakes.api_fixture import JSON_ANSWER, QUESTION, Api
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer"}, "unit": {"type": "string"}},
+    "required": ["answer"],
+}
+JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "result", "schema": SCHEMA}}
+ONLY_JSONER = {"conductor": {"pool": ["jsoner"]}}
+NOT_A_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}
+IMAGE = "data:image/png;base64,AA=="
+
+
+def _create(api: Api, **fields: Any) -> Any:
+    return api.client().chat.completions.create(
+        model=fields.pop("model", "conductor-ultra"), messages=QUESTION, **fields
+    )
+
+
+@pytest.mark.parametrize(
+    "response_format", [JSON_SCHEMA_FORMAT, {"type": "json_object"}], ids=["schema", "object"]
+)
+def test_a_workflow_answers_the_json_asked_for(api: Api, response_format: Any) -> None:
+    # Given a worker that wraps JSON in prose and a code fence when told to write JSON
+    reply = _create(api, response_format=response_format, extra_body=ONLY_JSONER)
+
+    # Then the answer is the bare JSON object, and the answering step was told the form
+    assert json.loads(reply.choices[0].message.content) == JSON_ANSWER
+    told = api.workers["jsoner"].calls[-1].messages[-1].content
+    assert "single JSON object" in told
+    if response_format["type"] == "json_schema":
+        assert json.dumps(SCHEMA, sort_keys=True) in told
+
+
+def test_a_worker_called_directly_answers_the_json_asked_for(api: Api) -> None:
+    reply = _create(api, model="jsoner", response_format=JSON_SCHEMA_FORMAT)
+    assert json.loads(reply.choices[0].message.content) == JSON_ANSWER
+
+
+def test_an_answer_that_does_not_match_the_schema_fails_without_retries(api: Api) -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    strict = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
+    with pytest.raises(openai.APIStatusError) as failed:
+        _create(api, response_format=strict, extra_body=ONLY_JSONER)
+    assert failed.value.status_code == 502
+    assert failed.value.response.headers["x-should-retry"] == "false"
+    assert "does not match the schema" in failed.value.response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"response_format": NOT_A_SCHEMA}, "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {
+                "messages": [
+                    *QUESTION,
+                    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "42"},
+                ]
+            },
+            "messages[1]",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "What is in the picture?"},
+                            {"type": "image_url", "image_url": {"url": IMAGE}},
+                        ],
+                    }
+                ]
+            },
+            "messages[0].content[1]",
+        ),
+    ],
+    ids=["bad-schema", "tools", "tool-choice", "tool-messages", "image"],
+)
+def test_what_the_api_cannot_do_is_a_400_naming_the_field(
+    api: Api, fields: dict[str, Any], param: str
+) -> None:
+    body = {"model": "conductor-ultra", "messages": QUESTION, **fields}
+    with httpx.Client(
+        base_url=api.url, headers={"Authorization": f"Bearer {api.key}"}, timeout=30
+    ) as http:
+        reply = http.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param
+    assert param.split("[")[0] in error["message"]
+
+
+class Result(BaseModel):
+    answer: int
+    unit: str | None = None
+
+
+def _langchain(api: Api) -> ChatOpenAI:
+    return ChatOpenAI(
+        model="conductor-ultra",
+        base_url=f"{api.url}/v1",
+        api_key=api.key,  # type: ignore[arg-type]
+        max_retries=0,
+        extra_body=ONLY_JSONER,
+    )
+
+
+def test_langchain_with_structured_output_gets_the_model_it_asked_for(api: Api) -> None:
+    structured = _langchain(api).with_structured_output(Result, method="json_schema")
+    result = structured.invoke("What is 6 * 7?")
+    assert result == Result(answer=42, unit="none")
+
+
+def test_langchain_json_mode_gets_a_dict(api: Api) -> None:
+    structured = _langchain(api).with_structured_output(None, method="json_mode")
+    assert structured.invoke("What is 6 * 7? Answer in JSON.") == JSON_ANSWER
+
+
+def test_langchain_bind_tools_is_told_tools_are_unsupported(api: Api) -> None:
+    @tool
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers."""
+        return a * b
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        _langchain(api).bind_tools([multiply]).invoke("What is 6 * 7?")
+    assert "tools: function calling is not supported" in str(refused.value)
