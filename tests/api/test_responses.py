@@ -17,9 +17,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from agents import Agent, OpenAIResponsesModel, Runner, set_tracing_disabled
-from llama_index.core.llms import ChatMessage as LlamaMessage
-from llama_index.llms.openai_like import OpenAILike
 
 from fakes.api_fixture import ANSWER, Api
 
@@ -502,6 +499,9 @@ def test_a_completion_refuses_what_it_cannot_honour(
 
 
 def test_the_agents_sdk_runs_an_agent_on_a_workflow(api: Api) -> None:
+    # Imported here: two seconds that the other tests (and collection) need not wait for.
+    from agents import Agent, OpenAIResponsesModel, Runner, set_tracing_disabled
+
     set_tracing_disabled(True)
 
     async def run() -> tuple[Any, Any, Any, Any]:
@@ -544,6 +544,9 @@ def test_the_agents_sdk_runs_an_agent_on_a_workflow(api: Api) -> None:
 
 
 def test_llamaindex_openai_like_completes_and_chats_with_its_defaults(api: Api) -> None:
+    from llama_index.core.llms import ChatMessage as LlamaMessage
+    from llama_index.llms.openai_like import OpenAILike
+
     with httpx.Client() as http:  # closed here: the clients LlamaIndex makes are not
         where = {"api_base": f"{api.url}/v1", "api_key": api.key, "http_client": http}
         completer = OpenAILike(model="conductor-ultra", **where)
