@@ -11,6 +11,7 @@ workflow's question.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -222,6 +223,43 @@ def test_previous_response_id_continues_the_stored_conversation(
         f"Assistant: {ANSWER}\n\nRequest:\nHalved?"
     )
     assert third.output_text == "alpha answers 1 message(s)"
+
+
+def _until_status(api: Api, workflow_id: str, status: str, timeout_s: float = 20) -> str:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found: str = _workflow(api, workflow_id)["status"]
+        if found == status or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def test_a_running_response_reads_as_running_and_its_client_going_away_cancels_it(
+    api: Api, client: openai.OpenAI
+) -> None:
+    stream = client.responses.create(
+        model="conductor-ultra",
+        input=QUESTION,
+        stream=True,
+        extra_body={"conductor": {"pool": ["slow"]}},  # a minute's step
+    )
+    created = next(iter(stream))
+    response_id = created.response.id
+    workflow_id = response_id.removeprefix("resp_")
+    assert _until_status(api, workflow_id, "running") == "running"
+    running = client.responses.retrieve(response_id)
+    with pytest.raises(openai.BadRequestError) as too_early:
+        client.responses.create(
+            model="conductor-ultra", input="Again", previous_response_id=response_id
+        )
+    stream.close()  # before the answer
+
+    assert created.type == "response.created"
+    assert running.status == "in_progress"
+    assert running.output == []
+    assert too_early.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert _until_status(api, workflow_id, "cancelled") == "cancelled"
+    assert client.responses.retrieve(response_id).status == "cancelled"
 
 
 def test_a_response_sent_with_store_false_cannot_be_read_or_continued(

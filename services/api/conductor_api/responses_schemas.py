@@ -215,13 +215,6 @@ class ResponseObject(BaseModel):
     conductor: dict[str, Any]
 
 
-class ResponseStreamEvent(BaseModel):
-    """One server-sent event of a streamed response (``event`` line = ``type``)."""
-
-    type: str
-    sequence_number: int
-
-
 class InputTextPart(BaseModel):
     type: Literal["input_text", "output_text"]
     text: str
