@@ -82,6 +82,8 @@ METRICS: dict[str, tuple[str, frozenset[str]]] = {
         ("conductor_passthrough_calls_total", "counter", ["worker", "outcome"]),
         ("conductor_api_tokens_total", "counter", ["tenant", "variant", "kind"]),
         ("conductor_api_cost_usd_total", "counter", ["tenant", "variant"]),
+        ("conductor_api_key_budget_remaining_usd", "gauge", ["key_id"]),
+        ("conductor_api_key_limit_refusals_total", "counter", ["reason"]),
         ("conductor_api_workflows_total", "counter", ["variant", "outcome"]),
     ]
 }

@@ -238,6 +238,7 @@ def distributed_api_service(
 
     from conductor_adapters.queue import new_celery_app
     from conductor_api.distributed import DistributedWorkflows
+    from conductor_api.key_limits import KeyLimiter
     from conductor_gateway.client import QueuedStepRunner
 
     pool = load_pool(settings)
@@ -253,6 +254,8 @@ def distributed_api_service(
         variants=load_variants(settings),
         default_variant=settings.default_variant,
         planner_addr=settings.planner_addr,
+        # Requests per minute counted in Redis: one window per key across every replica.
+        limiter=KeyLimiter.on_redis(engine, broker.redis_url, broker.redis_prefix),
     )
 
 

@@ -200,6 +200,7 @@ def test_migrated_schema_matches_models(database_url: str) -> None:
         "ix_workflow_runner_id",
         "ix_workflow_tenant_created",
         "ux_workflow_tenant_idempotency_key",
+        "ix_workflow_key_created",
     }
 
 
@@ -223,7 +224,7 @@ def test_upgrade_is_idempotent(database_url: str) -> None:
     finally:
         engine.dispose()
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert list(versions) == [head] == ["0008"]
+    assert list(versions) == [head] == ["0009"]
     assert count == 1
 
 

@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import conductor
 from conductor_api import chat, jobs, responses
+from conductor_api.admission import LimitHeaders
 from conductor_api.errors import error_body, install_error_handlers
 from conductor_api.metrics import ApiMetrics, MetricsMiddleware
 from conductor_api.schemas import ErrorResponse
@@ -148,6 +149,7 @@ def create_app(
     app.include_router(jobs.router)
     app.include_router(responses.router)
 
+    app.add_middleware(LimitHeaders)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
 
     @app.get("/healthz", tags=["Operations"])

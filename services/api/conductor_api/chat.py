@@ -22,6 +22,7 @@ from conductor.answer_format import AnswerFormat, AnswerFormatError
 from conductor.chat import ChatMessage, Usage
 from conductor.errors import StepCallFailed
 from conductor.ports import StepCallResult
+from conductor_api.admission import admit, request_state
 from conductor_api.auth import CallerDep
 from conductor_api.errors import ApiError, error_body, without_addresses
 from conductor_api.metrics import ApiMetrics
@@ -173,7 +174,11 @@ async def chat_completions(
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     refuse_unsupported(body)
     answer_format = answer_format_of(body.response_format)
-    if body.model in service.worker_names:
+    passthrough = body.model in service.worker_names
+    await admit(
+        service, metrics, caller, starts_workflow=not passthrough, state=request_state(request)
+    )
+    if passthrough:
         if answer_format is not None:
             answer_format.check_schema("response_format.json_schema.schema")
         return await _passthrough(

@@ -30,6 +30,7 @@ from conductor.pool import Pool
 from conductor.ports import StepCallResult, StepRunner
 from conductor.variants import Variant
 from conductor_adapters.store.runs import SubmitRequest, submit_workflow
+from conductor_api.key_limits import KeyLimiter
 from conductor_api.service import ANNOUNCED_POLL_S, POLL_INTERVAL_S, WorkflowService
 
 logger = logging.getLogger(__name__)
@@ -53,8 +54,9 @@ class DistributedWorkflows(WorkflowService):
         variants: Mapping[str, Variant],
         default_variant: str,
         planner_addr: str,
+        limiter: KeyLimiter | None = None,
     ) -> None:
-        super().__init__(engine, pool, variants, default_variant)
+        super().__init__(engine, pool, variants, default_variant, limiter=limiter)
         self.app = app
         self.redis = redis
         self.redis_prefix = redis_prefix

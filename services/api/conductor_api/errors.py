@@ -45,6 +45,7 @@ class ApiError(Exception):
         code: str | None = None,
         param: str | None = None,
         retry: bool | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -52,6 +53,7 @@ class ApiError(Exception):
         self.code = code
         self.param = param
         self.retry = retry
+        self.headers = headers or {}
 
 
 # Provider endpoints and internal hosts in the error texts of workers and workflows: clients
@@ -90,6 +92,7 @@ def error_body(
 
 def error_response(error: ApiError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else {}
+    headers.update(error.headers)
     if error.retry is not None:
         headers["x-should-retry"] = "true" if error.retry else "false"
     body = error_body(error.status, error.message, code=error.code, param=error.param)

@@ -46,6 +46,7 @@ _CODES = {
     401: grpc.StatusCode.UNAUTHENTICATED,
     404: grpc.StatusCode.NOT_FOUND,
     409: grpc.StatusCode.FAILED_PRECONDITION,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -68,6 +69,10 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
             )
         except (InvalidRequest, ValueError) as exc:
             await _abort(context, ApiError(400, str(exc)))
+        try:
+            await self.service.limiter.admit(caller.key_id, caller.limits, starts_workflow=True)
+        except ApiError as refused:
+            await _abort(context, refused)
         workflow_id = await self.service.submit(submission)
         return workflows_pb2.SubmitResponse(
             workflow_id=str(workflow_id), status=common_pb2.WORKFLOW_STATUS_QUEUED

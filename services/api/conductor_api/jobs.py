@@ -15,6 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
+from conductor_api.admission import admit, request_state
 from conductor_api.auth import CallerDep
 from conductor_api.errors import ApiError, not_found, runs_elsewhere
 from conductor_api.reads import (
@@ -76,6 +77,13 @@ async def submit(
 ) -> WorkflowAccepted:
     """Accept a question; the workflow runs in the background. 202 with its id."""
     service: WorkflowService = request.app.state.service
+    await admit(
+        service,
+        request.app.state.metrics,
+        caller,
+        starts_workflow=True,
+        state=request_state(request),
+    )
     submission = service.submission(
         caller,
         body.question,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from fastapi import Response
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -58,6 +58,20 @@ class ApiMetrics:
             "conductor_api_cost_usd",
             "What those workflows cost, in US dollars, by tenant and variant.",
             ["tenant", "variant"],
+            registry=self.registry,
+        )
+
+        self.budget_remaining = Gauge(
+            "conductor_api_key_budget_remaining_usd",
+            "What an API key with a budget may still spend this period, as its last request "
+            "saw it, by key id.",
+            ["key_id"],
+            registry=self.registry,
+        )
+        self.refused = Counter(
+            "conductor_api_key_limit_refusals",
+            "Requests refused (429) at an API key's limit, by reason (the error code).",
+            ["reason"],
             registry=self.registry,
         )
 

@@ -37,6 +37,7 @@ from conductor_adapters.store.responses import (
     load_response,
 )
 from conductor_api import completions
+from conductor_api.admission import admit, request_state
 from conductor_api.auth import CallerDep
 from conductor_api.chat import (
     WAIT_MARGIN_S,
@@ -645,7 +646,11 @@ async def create_response(
         created_at=datetime.now(UTC),
     )
     messages = _conversation(stored)
-    if body.model in service.worker_names:
+    passthrough = body.model in service.worker_names
+    await admit(
+        service, metrics, caller, starts_workflow=not passthrough, state=request_state(request)
+    )
+    if passthrough:
         return await _passthrough(service, metrics, caller, body, stored, messages)
     if body.model not in service.variants:
         raise _unknown_model(body.model)

@@ -29,8 +29,9 @@ from conductor.pool import Pool
 from conductor.ports import StepCallResult
 from conductor.variants import MAX_STEPS_LIMIT, Variant, get_variant
 from conductor.workflow import WorkflowStatus
-from conductor_adapters.store.keys import CachedKeys
+from conductor_adapters.store.keys import CachedKeys, KeyLimits
 from conductor_adapters.store.runs import SubmitRequest
+from conductor_api.key_limits import KeyLimiter
 from conductor_api.reads import (
     EVENTS_PER_READ,
     find_idempotent,
@@ -118,6 +119,7 @@ class Caller:
     tenant: str
     allowed_pool: tuple[str, ...] | None = None
     key_id: str | None = None
+    limits: KeyLimits | None = None
 
 
 class EventSignals:
@@ -185,8 +187,11 @@ class WorkflowService(ABC):
         pool: Pool,
         variants: Mapping[str, Variant],
         default_variant: str,
+        *,
+        limiter: KeyLimiter | None = None,
     ) -> None:
         self.engine = engine
+        self.limiter = limiter or KeyLimiter(engine)  # in memory: this process's requests
         self.pool = pool
         self.variants = dict(variants)
         self.default_variant = default_variant
@@ -365,6 +370,7 @@ class WorkflowService(ABC):
             tenant=caller.tenant,
             metadata=labels,
             answer_format=answer_format,
+            key_id=caller.key_id,
         )
 
     async def wait_for_outcome(self, workflow_id: uuid.UUID, tenant: str) -> None:

@@ -17,8 +17,9 @@ import secrets
 import time
 from collections import OrderedDict
 from datetime import UTC, datetime
+from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import Engine, insert, select, update
 
 from conductor.errors import InvalidRequest
@@ -29,8 +30,35 @@ _TENANT = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _KEY = re.compile(rf"{KEY_PREFIX}_([0-9a-f]{{12}})_([A-Za-z0-9_-]{{43}})")
 
 
-class ApiKey(BaseModel):
-    """A key as the system knows it; never its secret."""
+BudgetPeriod = Literal["day", "month"]
+
+
+class KeyLimits(BaseModel):
+    """What a key may spend; None: no limit. Every API replica enforces the same limits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rpm_limit: int | None = Field(default=None, ge=1, description="Requests per minute.")
+    tpm_limit: int | None = Field(
+        default=None, ge=1, description="Tokens per minute, of the workflows that ended."
+    )
+    max_concurrent: int | None = Field(
+        default=None, ge=1, description="Workflows queued or running at once."
+    )
+    budget_usd: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    budget_period: BudgetPeriod | None = None
+
+    @model_validator(mode="after")
+    def _budget_has_a_period(self) -> KeyLimits:
+        if (self.budget_usd is None) != (self.budget_period is None):
+            raise ValueError("a budget needs its period (day or month), and a period its budget")
+        return self
+
+
+class ApiKey(KeyLimits):
+    """A key as the system knows it, with its limits; never its secret."""
+
+    model_config = ConfigDict(extra="ignore")
 
     id: str
     tenant: str
@@ -38,6 +66,10 @@ class ApiKey(BaseModel):
     allowed_pool: list[str] | None
     created_at: datetime
     revoked_at: datetime | None = None
+
+    @property
+    def limits(self) -> KeyLimits:
+        return KeyLimits(**self.model_dump(include=set(KeyLimits.model_fields)))
 
 
 class NewKey(BaseModel):
@@ -65,6 +97,7 @@ def create_key(
     name: str = "",
     allowed_pool: list[str] | None = None,
     known_workers: set[str] | None = None,
+    limits: KeyLimits | None = None,
 ) -> NewKey:
     """Make a key; ``known_workers`` (the pool) refuses allowed workers it does not have."""
     check_tenant(tenant)
@@ -81,6 +114,7 @@ def create_key(
         name=name,
         allowed_pool=allowed_pool,
         created_at=datetime.now(UTC),
+        **(limits or KeyLimits()).model_dump(),
     )
     with engine.begin() as conn:
         conn.execute(
@@ -89,6 +123,20 @@ def create_key(
             )
         )
     return NewKey(key=key, secret=f"{KEY_PREFIX}_{key_id}_{secret}")
+
+
+def set_limits(engine: Engine, key_id: str, limits: KeyLimits) -> ApiKey:
+    """Replace a key's limits (servers see them within ``KEY_CACHE_S``)."""
+    with engine.begin() as conn:
+        done = conn.execute(
+            update(api_key_table)
+            .where(api_key_table.c.id == key_id, api_key_table.c.revoked_at.is_(None))
+            .values(**limits.model_dump())
+        )
+        if not done.rowcount:
+            raise InvalidRequest(f"no live key {key_id!r}")
+        row = conn.execute(select(api_key_table).where(api_key_table.c.id == key_id)).mappings()
+        return ApiKey.model_validate(dict(row.one()))
 
 
 def authenticate(engine: Engine, presented: str) -> ApiKey | None:

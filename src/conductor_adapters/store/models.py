@@ -127,10 +127,15 @@ class WorkflowRow(DbModel, table=True):
     # with: the same key and request give back this workflow; another request is refused.
     idempotency_key: str | None = Field(default=None, max_length=255)
     request_hash: str | None = Field(default=None, max_length=64)
+    # The API key that submitted it (NULL: the CLI, an open server, or before keys were kept):
+    # a key's limits read its workflows.
+    key_id: str | None = Field(default=None, max_length=32)
 
     __table_args__ = (
         # A tenant's workflows, newest first, a page at a time.
         Index("ix_workflow_tenant_created", "tenant", "created_at", "id"),
+        # A key's workflows of the last minute, or of its budget period.
+        Index("ix_workflow_key_created", "key_id", "created_at"),
         Index(
             "ux_workflow_tenant_idempotency_key",
             "tenant",
@@ -298,6 +303,12 @@ class ApiKeyRow(DbModel, table=True):
     allowed_pool: list[str] | None = Field(default=None, sa_column=Column(JSON_TYPE, nullable=True))
     created_at: datetime = Field(default_factory=_utcnow, sa_type=UTCDateTime())
     revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
+    # Limits; NULL: none. A budget in USD per budget_period ("day" or "month", UTC).
+    rpm_limit: int | None = None
+    tpm_limit: int | None = None
+    max_concurrent: int | None = None
+    budget_usd: float | None = None
+    budget_period: str | None = Field(default=None, max_length=8)
 
 
 class ResponseRow(DbModel, table=True):

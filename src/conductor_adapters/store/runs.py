@@ -40,6 +40,8 @@ class SubmitRequest(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     # The form the answer must take (response_format); None: any text.
     answer_format: AnswerFormat | None = None
+    # The API key that submitted it, whose limits count it; None: none did.
+    key_id: str | None = None
     # A client's Idempotency-Key and the SHA-256 of the request it came with (both or none).
     idempotency_key: str | None = None
     request_hash: str | None = None
@@ -98,6 +100,7 @@ def record_workflow(
     )
     row["idempotency_key"] = request.idempotency_key
     row["request_hash"] = request.request_hash
+    row["key_id"] = request.key_id
     conn.execute(_INSERT_WORKFLOW, row)
 
 

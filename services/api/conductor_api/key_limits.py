@@ -1,0 +1,188 @@
+"""Each API key's limits, checked before any work starts: requests per minute, tokens per
+minute, workflows at once, and a budget per day or month.
+
+Requests per minute use the ``limits`` library's moving window, in Redis for the distributed
+API (every replica shares one window per key) and in memory for the embedded one (one
+process). The other three are read from the trace table, which every replica and runtime
+writes: a key's workflows queued or running, the tokens of its workflows that ended in the
+last minute, and the cost of those it submitted this period. They are exact whatever replica
+took the work; their limits hold from the next request on (a request running when a budget
+is spent finishes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from limits import RateLimitItemPerMinute
+from limits.aio.storage import MemoryStorage, RedisStorage, Storage
+from limits.aio.strategies import MovingWindowRateLimiter
+from sqlalchemy import Engine, func, select
+
+from conductor_adapters.store.keys import KeyLimits
+from conductor_adapters.store.models import workflow_table
+from conductor_api.errors import ApiError
+
+ACTIVE = ("queued", "running")
+RETRY_WHEN_BUSY_S = 5  # a key at its concurrency limit: a workflow may end any moment
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What a key has in use or spent, as the trace table says now."""
+
+    active: int
+    tokens_last_minute: int
+    oldest_tokens_at: datetime | None
+    spent_usd: float
+
+
+def period_start(period: str, now: datetime) -> datetime:
+    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    return day if period == "day" else day.replace(day=1)
+
+
+def period_end(period: str, now: datetime) -> datetime:
+    start = period_start(period, now)
+    if period == "day":
+        return start + timedelta(days=1)
+    return (start + timedelta(days=32)).replace(day=1)
+
+
+def read_usage(
+    engine: Engine, key_id: str, limits: KeyLimits, now: datetime, *, count_active: bool
+) -> Usage:
+    table = workflow_table
+    mine = table.c.key_id == key_id
+    active, tokens, oldest, spent = 0, 0, None, 0.0
+    with engine.connect() as conn:
+        if count_active and limits.max_concurrent is not None:
+            active = conn.execute(
+                select(func.count()).where(mine, table.c.status.in_(ACTIVE))
+            ).scalar_one()
+        if limits.tpm_limit is not None:
+            since = now - timedelta(minutes=1)
+            # created_at bounds the index range; a workflow's tokens count once it ended.
+            window = (mine, table.c.created_at >= since - timedelta(days=1))
+            row = conn.execute(
+                select(
+                    func.coalesce(func.sum(table.c.total_tokens), 0),
+                    func.min(table.c.finished_at),
+                ).where(*window, table.c.finished_at >= since)
+            ).one()
+            tokens, oldest = int(row[0]), row[1]
+        if limits.budget_usd is not None and limits.budget_period is not None:
+            start = period_start(limits.budget_period, now)
+            spent = float(
+                conn.execute(
+                    select(func.coalesce(func.sum(table.c.cost_usd), 0.0)).where(
+                        mine, table.c.created_at >= start
+                    )
+                ).scalar_one()
+            )
+    return Usage(active, tokens, oldest, spent)
+
+
+class KeyLimiter:
+    """Admits or refuses (429, with Retry-After) a key's next request."""
+
+    def __init__(self, engine: Engine, storage: Storage | None = None) -> None:
+        self.engine = engine
+        self.requests = MovingWindowRateLimiter(storage or MemoryStorage())
+
+    @classmethod
+    def on_redis(cls, engine: Engine, redis_url: str, prefix: str) -> KeyLimiter:
+        storage = RedisStorage(
+            f"async+{redis_url}", implementation="redispy", key_prefix=f"{prefix}limits"
+        )
+        return cls(engine, storage)
+
+    async def admit(
+        self, key_id: str | None, limits: KeyLimits | None, *, starts_workflow: bool
+    ) -> dict[str, str]:
+        """The headers that tell the client where it stands; ApiError 429 when a limit is
+        reached (nothing is started then)."""
+        if key_id is None or limits is None:
+            return {}
+        headers: dict[str, str] = {}
+        if limits.rpm_limit is not None:
+            item = RateLimitItemPerMinute(limits.rpm_limit)
+            admitted = await self.requests.hit(item, key_id)
+            stats = await self.requests.get_window_stats(item, key_id)
+            reset_s = max(0, math.ceil(stats.reset_time - time.time()))
+            headers.update(
+                {
+                    "x-ratelimit-limit-requests": str(limits.rpm_limit),
+                    "x-ratelimit-remaining-requests": str(stats.remaining),
+                    "x-ratelimit-reset-requests": f"{reset_s}s",
+                }
+            )
+            if not admitted:
+                raise _refused(
+                    f"this key's limit of {limits.rpm_limit} requests per minute is reached",
+                    "rate_limit_exceeded",
+                    max(1, reset_s),
+                    headers,
+                )
+        needs_db = (
+            limits.tpm_limit is not None
+            or limits.budget_usd is not None
+            or (starts_workflow and limits.max_concurrent is not None)
+        )
+        if not needs_db:
+            return headers
+        now = datetime.now(UTC)
+        usage = await asyncio.to_thread(
+            read_usage, self.engine, key_id, limits, now, count_active=starts_workflow
+        )
+        if limits.tpm_limit is not None:
+            remaining = max(0, limits.tpm_limit - usage.tokens_last_minute)
+            headers["x-ratelimit-limit-tokens"] = str(limits.tpm_limit)
+            headers["x-ratelimit-remaining-tokens"] = str(remaining)
+            if remaining == 0:
+                oldest = usage.oldest_tokens_at or now
+                wait = math.ceil((oldest + timedelta(minutes=1) - now).total_seconds())
+                raise _refused(
+                    f"this key's limit of {limits.tpm_limit} tokens per minute is reached",
+                    "tokens_limit_exceeded",
+                    max(1, wait),
+                    headers,
+                )
+        if limits.budget_usd is not None and limits.budget_period is not None:
+            left = max(0.0, limits.budget_usd - usage.spent_usd)
+            headers["x-conductor-budget-remaining-usd"] = f"{left:.6f}"
+            if left <= 0:
+                until = period_end(limits.budget_period, now)
+                raise _refused(
+                    f"this key's budget of {limits.budget_usd:g} USD per "
+                    f"{limits.budget_period} is spent; it renews at {until.isoformat()}",
+                    "budget_exceeded",
+                    math.ceil((until - now).total_seconds()),
+                    headers,
+                    retry=False,  # not before the period ends
+                )
+        busy = limits.max_concurrent is not None and usage.active >= limits.max_concurrent
+        if starts_workflow and busy:
+            raise _refused(
+                f"this key has {usage.active} workflows queued or running, its limit",
+                "concurrency_limit_exceeded",
+                RETRY_WHEN_BUSY_S,
+                headers,
+            )
+        return headers
+
+
+def _refused(
+    reason: str, code: str, retry_after_s: int, headers: dict[str, str], *, retry: bool = True
+) -> ApiError:
+    return ApiError(
+        429,
+        f"{reason}; try again in {retry_after_s} s",
+        code=code,
+        retry=retry,
+        headers={**headers, "Retry-After": str(retry_after_s)},
+    )

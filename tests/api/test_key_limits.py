@@ -1,0 +1,199 @@
+"""Per-key limits: requests per minute shared by every API server through Redis, tokens per
+minute, workflows at once, and a budget per period; each refusal a 429 with Retry-After."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from conductor.pool import Price
+from conductor_adapters.rpc.v1 import workflows_pb2, workflows_pb2_grpc
+from conductor_adapters.store.keys import KeyLimits, create_key
+from conductor_api.embedded import EmbeddedWorkflows
+from conductor_api.key_limits import KeyLimiter
+from conductor_cli import app as cli_app
+
+from fakes.api_fixture import QUESTION, Api
+from fakes.api_server import LiveApi, scripted_service
+from fakes.metrics import samples
+from fakes.scripted import ScriptedWorker
+
+JOB = {"question": "What is 6 * 7?"}
+
+
+def _post(url: str, key: str, path: str = "/v1/workflows", **body: object) -> httpx.Response:
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=30) as h:
+        return h.post(path, json=body or JOB)
+
+
+@pytest.fixture
+def two_servers(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> Iterator[tuple[LiveApi, LiveApi]]:
+    """Two API servers on one database, sharing one Redis for their requests-per-minute."""
+    url = f"sqlite:///{tmp_path / 'conductor.db'}"
+    workers = [ScriptedWorker("alpha"), ScriptedWorker("beta")]
+
+    def service() -> EmbeddedWorkflows:
+        made = scripted_service(url, workers)
+        made.limiter = KeyLimiter.on_redis(made.engine, redis_url, redis_prefix)
+        return made
+
+    first = LiveApi(service)
+    second = LiveApi(service)
+    try:
+        yield first, second
+    finally:
+        first.close()
+        second.close()
+
+
+@pytest.mark.broker
+def test_requests_per_minute_hold_across_two_api_servers(
+    two_servers: tuple[LiveApi, LiveApi],
+) -> None:
+    # Given a key allowed 5 requests a minute, used through two servers at once
+    first, second = two_servers
+    key = create_key(first.service.engine, "acme", limits=KeyLimits(rpm_limit=5)).secret
+
+    # When it sends 12 jobs, alternating between them
+    replies = [_post(server.url, key) for server in [first, second] * 6]
+
+    # Then 5 are accepted in all, the rest refused with when to come back
+    accepted = [r for r in replies if r.status_code == 202]
+    refused = [r for r in replies if r.status_code == 429]
+    assert (len(accepted), len(refused)) == (5, 7)
+    assert [r.headers["x-ratelimit-remaining-requests"] for r in accepted] == list("43210")
+    for reply in refused:
+        assert reply.json()["error"]["code"] == "rate_limit_exceeded"
+        assert 1 <= int(reply.headers["Retry-After"]) <= 60
+        assert reply.headers["x-should-retry"] == "true"
+
+
+def test_a_budget_stops_its_key_until_the_period_ends(tmp_path: Path) -> None:
+    # Given workers that cost money, and a key with a budget smaller than one workflow
+    url = f"sqlite:///{tmp_path / 'conductor.db'}"
+    price = Price(input=100.0, output=100.0)  # USD per million tokens
+    workers = [ScriptedWorker("alpha"), ScriptedWorker("beta")]
+    server = LiveApi(lambda: scripted_service(url, workers, price=price))
+    try:
+        limits = KeyLimits(budget_usd=0.001, budget_period="day")
+        key = create_key(server.service.engine, "acme", limits=limits)
+        other = create_key(server.service.engine, "acme").secret
+        chat = {"model": "conductor-ultra", "messages": QUESTION}
+
+        # When it asks twice, and another key once
+        first = _post(server.url, key.secret, "/v1/chat/completions", **chat)
+        second = _post(server.url, key.secret, "/v1/chat/completions", **chat)
+        unlimited = _post(server.url, other, "/v1/chat/completions", **chat)
+        with httpx.Client(base_url=server.url) as http:
+            metrics = samples(http.get("/metrics").text)
+    finally:
+        server.close()
+
+    # Then the first ran with its budget shown, the second was refused until midnight UTC
+    assert first.status_code == 200, first.text
+    assert first.json()["conductor"]["cost_usd"] > 0.001
+    assert float(first.headers["x-conductor-budget-remaining-usd"]) == pytest.approx(0.001)
+    assert second.status_code == 429
+    assert second.json()["error"]["code"] == "budget_exceeded"
+    assert second.headers["x-should-retry"] == "false"
+    assert second.headers["x-conductor-budget-remaining-usd"] == "0.000000"
+    assert 0 < int(second.headers["Retry-After"]) <= 86_400
+    assert unlimited.status_code == 200
+    gauge = ("conductor_api_key_budget_remaining_usd", (("key_id", key.key.id),))
+    assert metrics[gauge] == 0
+    refusals = ("conductor_api_key_limit_refusals_total", (("reason", "budget_exceeded"),))
+    assert metrics[refusals] == 1
+
+
+def test_a_key_at_its_concurrency_limit_waits_for_a_workflow_to_end(api: Api) -> None:
+    key = create_key(api.server.service.engine, "acme", limits=KeyLimits(max_concurrent=1))
+    slow = {"question": "What is 6 * 7?", "pool": ["slow"]}
+    first = _post(api.url, key.secret, **slow)
+    busy = _post(api.url, key.secret, **slow)
+    # A pass-through call is not a workflow: it does not count
+    direct = _post(api.url, key.secret, "/v1/chat/completions", model="alpha", messages=QUESTION)
+    with httpx.Client(
+        base_url=api.url, headers={"Authorization": f"Bearer {key.secret}"}, timeout=30
+    ) as http:
+        http.post(f"/v1/workflows/{first.json()['id']}/cancel")
+    after = _post(api.url, key.secret)
+
+    assert first.status_code == 202
+    assert busy.status_code == 429
+    assert busy.json()["error"]["code"] == "concurrency_limit_exceeded"
+    assert direct.status_code == 200
+    assert after.status_code == 202
+
+
+def test_tokens_per_minute_count_the_workflows_that_ended(api: Api) -> None:
+    # Given a key allowed 50 tokens a minute; a workflow here spends more (its Conductor 120)
+    key = create_key(api.server.service.engine, "acme", limits=KeyLimits(tpm_limit=50))
+    chat = {"model": "conductor-mini", "messages": QUESTION}
+
+    first = _post(api.url, key.secret, "/v1/chat/completions", **chat)
+    second = _post(api.url, key.secret, "/v1/chat/completions", **chat)
+
+    assert first.status_code == 200
+    assert first.headers["x-ratelimit-remaining-tokens"] == "50"
+    assert second.status_code == 429
+    assert second.json()["error"]["code"] == "tokens_limit_exceeded"
+    assert second.headers["x-ratelimit-remaining-tokens"] == "0"
+    assert 1 <= int(second.headers["Retry-After"]) <= 60
+
+
+def test_grpc_submissions_count_against_the_same_limits(api: Api) -> None:
+    key = create_key(api.server.service.engine, "acme", limits=KeyLimits(rpm_limit=1))
+    metadata = [("authorization", f"Bearer {key.secret}")]
+    with grpc.insecure_channel(api.server.grpc_address) as channel:
+        stub = workflows_pb2_grpc.WorkflowsStub(channel)
+        stub.Submit(workflows_pb2.SubmitRequest(question="6 * 7"), metadata=metadata, timeout=10)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Submit(
+                workflows_pb2.SubmitRequest(question="6 * 7"), metadata=metadata, timeout=10
+            )
+    assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "1 requests per minute" in (refused.value.details() or "")
+
+
+def test_conductor_keys_sets_and_shows_limits(tmp_path: Path) -> None:
+    runner = CliRunner()
+    env = {"CONDUCTOR_DATABASE_URL": f"sqlite:///{tmp_path / 'keys.db'}"}
+    assert runner.invoke(cli_app, ["db", "upgrade"], env=env).exit_code == 0
+    made = runner.invoke(
+        cli_app,
+        [
+            "keys",
+            "create",
+            "--tenant",
+            "acme",
+            "--rpm",
+            "60",
+            "--budget-usd",
+            "5",
+            "--budget-period",
+            "month",
+        ],
+        env=env,
+    )
+    assert made.exit_code == 0, made.output
+    listed = runner.invoke(cli_app, ["keys", "list"], env=env).stdout
+    assert '"rpm_limit": 60' in listed
+    assert '"budget_usd": 5.0' in listed
+    key_id = listed.split('"id": "')[1].split('"')[0]
+    changed = runner.invoke(cli_app, ["keys", "limit", key_id, "--concurrency", "2"], env=env)
+    assert changed.exit_code == 0, changed.output
+    assert '"max_concurrent": 2' in changed.stdout
+    assert '"rpm_limit": null' in changed.stdout  # limits are replaced, not merged
+    no_period = runner.invoke(cli_app, ["keys", "limit", key_id, "--budget-usd", "1"], env=env)
+    assert no_period.exit_code != 0
+    assert "a budget needs its period" in str(no_period.exception)
+    unknown = runner.invoke(cli_app, ["keys", "limit", uuid.uuid4().hex[:12]], env=env)
+    assert unknown.exit_code != 0
