@@ -24,6 +24,7 @@ START_WORKFLOW_TASK = "conductor.aggregator.start_workflow"
 PLAN_ROUND_TASK = "conductor.aggregator.plan_round"
 STEP_RESULT_TASK = "conductor.aggregator.step_result"
 CANCEL_WORKFLOW_TASK = "conductor.aggregator.cancel_workflow"
+DELIVER_WEBHOOK_TASK = "conductor.aggregator.deliver_webhook"
 MAX_MESSAGES = 200
 
 

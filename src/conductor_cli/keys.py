@@ -132,6 +132,29 @@ def limit(
     typer.echo(json.dumps(key.model_dump(mode="json")))
 
 
+@keys_app.command("webhook")
+def webhook(
+    key_id: str = typer.Argument(..., help="The key's id, as `keys list` shows it."),
+    url: str | None = typer.Option(
+        None, "--url", help="Where its jobs' outcomes go unless a job names its callback_url."
+    ),
+    rotate: bool = typer.Option(False, "--rotate", help="Make a new signing secret."),
+) -> None:
+    """Set a key's webhooks: its default URL, and the secret its deliveries are signed with
+    (Standard Webhooks). A secret made here is printed once; receivers verify with it."""
+    from conductor_adapters.store.keys import set_webhook
+
+    engine = _engine()
+    try:
+        key, secret = set_webhook(engine, key_id, url, new_secret=rotate)
+    finally:
+        engine.dispose()
+    if secret is not None:
+        typer.echo(secret)
+        typer.echo(f"signing secret of key {key_id}: keep it now, it is not shown again", err=True)
+    typer.echo(json.dumps(key.model_dump(mode="json")), err=secret is not None)
+
+
 @keys_app.command("revoke")
 def revoke(
     key_id: str = typer.Argument(..., help="The key's id, as `keys list` shows it."),

@@ -224,7 +224,7 @@ def test_upgrade_is_idempotent(database_url: str) -> None:
     finally:
         engine.dispose()
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert list(versions) == [head] == ["0009"]
+    assert list(versions) == [head] == ["0010"]
     assert count == 1
 
 
@@ -245,6 +245,7 @@ async def test_deleting_a_workflow_cascades_to_steps_and_attempts(engine: Engine
         "api_key": [],
         "runner": [],
         "response": [],
+        "webhook_delivery": [],
     }
 
 

@@ -27,6 +27,7 @@ from conductor.ports import ChatWorker, PlanFormat, PlannerBackend
 from conductor.variants import Variant
 from conductor.workflow import WorkflowRecord
 from conductor_adapters.loop_thread import LoopThread
+from conductor_adapters.periodic import Periodic
 from conductor_adapters.rpc.planner_client import GrpcPlanner
 from conductor_adapters.settings import Settings
 from conductor_adapters.store.db import make_engine, upgrade
@@ -177,6 +178,10 @@ class DistributedStack:
                 )
             await asyncio.sleep(0.05)
 
+    def sweep(self) -> None:
+        if self.aggregator is not None:
+            self.aggregator.sweep()
+
     def close(self) -> None:
         if self.aggregator is not None:
             self.aggregator.close()
@@ -192,6 +197,8 @@ def distributed_stack(database_url: str, redis_url: str, prefix: str) -> Iterato
     """Migrate the database, start the servers and both Celery workers; stop them after."""
     upgrade(database_url)
     stack = DistributedStack(database_url, redis_url, prefix)
+    # As an aggregator process runs it: deadlines, lost messages, webhooks due.
+    sweeping = Periodic("test-sweeper", stack.sweep, 0.5).start()
     try:
         with start_worker(
             stack.app,
@@ -204,4 +211,5 @@ def distributed_stack(database_url: str, redis_url: str, prefix: str) -> Iterato
         ):
             yield stack
     finally:
+        sweeping.stop()
         stack.close()

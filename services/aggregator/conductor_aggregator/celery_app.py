@@ -22,6 +22,7 @@ from sqlalchemy.exc import OperationalError as DatabaseError
 from conductor.errors import PlannerError
 from conductor.messaging import (
     CANCEL_WORKFLOW_TASK,
+    DELIVER_WEBHOOK_TASK,
     PLAN_ROUND_TASK,
     START_WORKFLOW_TASK,
     STEP_RESULT_TASK,
@@ -103,6 +104,10 @@ def register_aggregator_tasks(
             count("cancel", "dropped")
         else:
             run(self, "cancel", lambda: aggregator().cancel(parsed, reason[:500]))
+
+    @app.task(name=DELIVER_WEBHOOK_TASK, shared=False, bind=True)
+    def deliver_webhook(self: Task[Any, Any], delivery_id: str) -> None:
+        run(self, "webhook", lambda: aggregator().deliver_webhook(delivery_id[:40]))
 
     @app.task(name=STEP_RESULT_TASK, shared=False, bind=True)
     def step_result(self: Task[Any, Any], reply: dict[str, Any]) -> None:

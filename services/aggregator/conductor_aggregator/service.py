@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime
 
+import httpx
 import redis
 from celery import Celery
 from sqlalchemy import Connection, Engine
@@ -44,6 +45,7 @@ from conductor.machine import (
 from conductor.messaging import (
     AGGREGATOR_QUEUE,
     CALL_WORKER_TASK,
+    DELIVER_WEBHOOK_TASK,
     PLAN_ROUND_TASK,
     CallReply,
     CallRequest,
@@ -66,6 +68,7 @@ from conductor_adapters.store.runs import (
     send_start,
 )
 from conductor_adapters.store.traces import TraceWrites
+from conductor_adapters.webhooks import attempt, claim_due
 from conductor_aggregator.metrics import AggregatorMetrics
 
 logger = logging.getLogger(__name__)
@@ -114,6 +117,7 @@ class Aggregator:
                 "CONDUCTOR_DATABASE_URL=postgresql+psycopg://USER@HOST:PORT/DBNAME"
             )
         self.engine = engine
+        self._webhooks: httpx.Client | None = None  # made on the first delivery
         self.app = app
         self.planner = planner
         self.loop = loop
@@ -125,7 +129,15 @@ class Aggregator:
         self.broker_watch = broker_watch
         self.metrics = metrics
 
+    def deliver_webhook(self, delivery_id: str) -> None:
+        """One attempt at a webhook delivery (a failed one is claimed again when due)."""
+        if self._webhooks is None:
+            self._webhooks = httpx.Client(follow_redirects=False)
+        attempt(self.engine, delivery_id, self._webhooks)
+
     def close(self) -> None:
+        if self._webhooks is not None:
+            self._webhooks.close()
         aclose = getattr(self.planner, "aclose", None)
         if aclose is not None:
             self.loop.run(aclose(), timeout_s=10)
@@ -219,6 +231,8 @@ class Aggregator:
         """Act on every run whose deadline has passed, and on every active run when the broker
         lost its messages; returns how many were looked at."""
         now = now or utcnow()
+        for delivery_id in claim_due(self.engine, now):  # webhooks due: one task each
+            self.app.send_task(DELIVER_WEBHOOK_TASK, args=[delivery_id], queue=AGGREGATOR_QUEUE)
         if self.broker_watch is not None and self.broker_watch.lost_data():
             return self.resend_lost(now)
         with self.engine.connect() as conn:

@@ -39,7 +39,13 @@ async def identify(service: WorkflowService, authorization: str, *, open_access:
         key = await service.keys.authenticate(token)
     if key is not None:
         allowed = tuple(key.allowed_pool) if key.allowed_pool is not None else None
-        return Caller(tenant=key.tenant, allowed_pool=allowed, key_id=key.id, limits=key.limits)
+        return Caller(
+            tenant=key.tenant,
+            allowed_pool=allowed,
+            key_id=key.id,
+            limits=key.limits,
+            signs_webhooks=key.signs_webhooks,
+        )
     if open_access and not await service.keys.any_key_exists():
         return Caller(tenant=OPEN_TENANT)
     if not token:

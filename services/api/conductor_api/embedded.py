@@ -7,6 +7,7 @@ import logging
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 
+import httpx
 from sqlalchemy import Connection, text
 
 from conductor.chat import ChatMessage
@@ -28,6 +29,7 @@ from conductor_adapters.store.runners import (
 )
 from conductor_adapters.store.runs import SubmitRequest, record_workflow
 from conductor_adapters.store.traces import TraceStore
+from conductor_adapters.webhooks import attempt, claim_due
 from conductor_api.service import (
     ANNOUNCED_POLL_S,
     POLL_INTERVAL_S,
@@ -36,6 +38,7 @@ from conductor_api.service import (
 )
 
 logger = logging.getLogger(__name__)
+WEBHOOK_POLL_S = 0.5  # how soon an outcome's webhook goes out
 
 
 class EmbeddedWorkflows(WorkflowService):
@@ -68,12 +71,25 @@ class EmbeddedWorkflows(WorkflowService):
         self._running: dict[uuid.UUID, asyncio.Task[WorkflowRecord]] = {}
         self.runner_id = new_runner_id()
         self._heartbeat: asyncio.Task[None] | None = None
+        self._webhooks: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Register as a runner, fail what dead runners left running, and beat from now on."""
         await asyncio.to_thread(register_runner, self.engine, self.runner_id, utcnow())
         await asyncio.to_thread(fail_orphans, self.engine, utcnow(), self.stale_after_s)
         self._heartbeat = asyncio.create_task(self._beat(), name="runner-heartbeat")
+        self._webhooks = asyncio.create_task(self._deliver_webhooks(), name="webhooks")
+
+    async def _deliver_webhooks(self) -> None:
+        """Deliver the webhooks that are due, every ``WEBHOOK_POLL_S``, one at a time."""
+        with httpx.Client(follow_redirects=False) as client:
+            while True:
+                try:
+                    for delivery_id in await asyncio.to_thread(claim_due, self.engine):
+                        await asyncio.to_thread(attempt, self.engine, delivery_id, client)
+                except Exception as exc:  # the database is down: try again later
+                    logger.warning("webhook delivery: %s: %s", type(exc).__name__, exc)
+                await asyncio.sleep(WEBHOOK_POLL_S)
 
     async def _beat(self) -> None:
         while True:
@@ -175,6 +191,9 @@ class EmbeddedWorkflows(WorkflowService):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.store.flush()
+        if self._webhooks is not None:  # what is due stays due: the next start delivers it
+            self._webhooks.cancel()
+            await asyncio.gather(self._webhooks, return_exceptions=True)
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             await asyncio.gather(self._heartbeat, return_exceptions=True)

@@ -15,6 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
+from conductor_adapters.webhooks import check_url
 from conductor_api.admission import admit, request_state
 from conductor_api.auth import CallerDep
 from conductor_api.errors import ApiError, not_found, runs_elsewhere
@@ -93,6 +94,16 @@ async def submit(
         cost_weight=body.cost_weight,
         metadata=body.metadata,
     )
+    if body.callback_url is not None:
+        check_url(body.callback_url, "callback_url")
+        if not caller.signs_webhooks:
+            raise ApiError(
+                400,
+                "callback_url: this key has no webhook signing secret, and nothing unsigned is "
+                "sent: an operator makes one with `conductor keys webhook KEY_ID`",
+                param="callback_url",
+            )
+        submission = submission.model_copy(update={"callback_url": body.callback_url})
     if idempotency_key is None:
         workflow_id = await service.submit(submission)
     else:

@@ -179,6 +179,12 @@ class WorkflowSubmission(BaseModel):
     max_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS_LIMIT, strict=True)
     cost_weight: CostWeight = None
     metadata: dict[Name, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
+    callback_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="Where the outcome is POSTed when the workflow ends, signed with the key's "
+        "webhook secret (Standard Webhooks); default: the key's webhook URL, if any.",
+    )
 
 
 class WorkflowAccepted(BaseModel):

@@ -120,6 +120,7 @@ class Caller:
     allowed_pool: tuple[str, ...] | None = None
     key_id: str | None = None
     limits: KeyLimits | None = None
+    signs_webhooks: bool = False  # its key has a webhook signing secret
 
 
 class EventSignals:

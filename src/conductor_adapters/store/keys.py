@@ -17,7 +17,7 @@ import secrets
 import time
 from collections import OrderedDict
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import Engine, insert, select, update
@@ -66,6 +66,18 @@ class ApiKey(KeyLimits):
     allowed_pool: list[str] | None
     created_at: datetime
     revoked_at: datetime | None = None
+    # Where its jobs' outcomes go by default, and whether it can sign them (its signing secret
+    # itself is never part of a key as read: only `set_webhook` returns it, once).
+    webhook_url: str | None = None
+    signs_webhooks: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _secret_is_only_known_to_exist(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "webhook_secret" in data:
+            data = {**data, "signs_webhooks": bool(data["webhook_secret"])}
+            del data["webhook_secret"]
+        return data
 
     @property
     def limits(self) -> KeyLimits:
@@ -119,7 +131,8 @@ def create_key(
     with engine.begin() as conn:
         conn.execute(
             insert(api_key_table).values(
-                **key.model_dump(exclude={"revoked_at"}), secret_sha256=_digest(secret)
+                **key.model_dump(exclude={"revoked_at", "signs_webhooks"}),
+                secret_sha256=_digest(secret),
             )
         )
     return NewKey(key=key, secret=f"{KEY_PREFIX}_{key_id}_{secret}")
@@ -137,6 +150,33 @@ def set_limits(engine: Engine, key_id: str, limits: KeyLimits) -> ApiKey:
             raise InvalidRequest(f"no live key {key_id!r}")
         row = conn.execute(select(api_key_table).where(api_key_table.c.id == key_id)).mappings()
         return ApiKey.model_validate(dict(row.one()))
+
+
+def set_webhook(
+    engine: Engine, key_id: str, url: str | None, *, new_secret: bool = False
+) -> tuple[ApiKey, str | None]:
+    """Set a key's default webhook URL (None: jobs name theirs); make its signing secret when
+    it has none, or a new one when asked. Returns the key and the secret when one was made."""
+    from conductor_adapters.webhooks import check_url
+    from conductor_adapters.webhooks import new_secret as make_secret
+
+    with engine.begin() as conn:
+        row = conn.execute(
+            select(api_key_table.c.webhook_secret).where(
+                api_key_table.c.id == key_id, api_key_table.c.revoked_at.is_(None)
+            )
+        ).first()
+        if row is None:
+            raise InvalidRequest(f"no live key {key_id!r}")
+        if url is not None:
+            check_url(url, "--url")
+        secret = make_secret() if new_secret or not row.webhook_secret else None
+        values: dict[str, Any] = {"webhook_url": url}
+        if secret is not None:
+            values["webhook_secret"] = secret
+        conn.execute(update(api_key_table).where(api_key_table.c.id == key_id).values(**values))
+        made = conn.execute(select(api_key_table).where(api_key_table.c.id == key_id)).mappings()
+        return ApiKey.model_validate(dict(made.one())), secret
 
 
 def authenticate(engine: Engine, presented: str) -> ApiKey | None:

@@ -130,6 +130,8 @@ class WorkflowRow(DbModel, table=True):
     # The API key that submitted it (NULL: the CLI, an open server, or before keys were kept):
     # a key's limits read its workflows.
     key_id: str | None = Field(default=None, max_length=32)
+    # Where the job's outcome is delivered (a webhook); NULL: its key's default, if any.
+    callback_url: str | None = Field(default=None, max_length=2048)
 
     __table_args__ = (
         # A tenant's workflows, newest first, a page at a time.
@@ -309,6 +311,10 @@ class ApiKeyRow(DbModel, table=True):
     max_concurrent: int | None = None
     budget_usd: float | None = None
     budget_period: str | None = Field(default=None, max_length=8)
+    # The default webhook URL of its jobs, and the secret deliveries are signed with
+    # (Standard Webhooks, "whsec_..."): a signing key, so it is kept, unlike the key's own.
+    webhook_url: str | None = Field(default=None, max_length=2048)
+    webhook_secret: str | None = Field(default=None, max_length=128)
 
 
 class ResponseRow(DbModel, table=True):
@@ -345,6 +351,29 @@ class ResponseRow(DbModel, table=True):
     deleted_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
 
 
+class WebhookDeliveryRow(DbModel, table=True):
+    """One workflow outcome to deliver to a webhook, and every attempt made: recorded in the
+    transaction that stores the outcome, so none is left undelivered."""
+
+    __tablename__ = "webhook_delivery"
+
+    id: str = Field(primary_key=True, max_length=40)  # the webhook-id header: "msg_<hex>"
+    workflow_id: uuid.UUID = Field(foreign_key="workflow.id", ondelete="CASCADE", index=True)
+    tenant: str
+    key_id: str | None = Field(default=None, max_length=32)  # whose secret signs it
+    url: str = Field(max_length=2048)
+    event_type: str = Field(max_length=64)  # workflow.completed, .failed or .cancelled
+    payload: dict[str, Any] = Field(default_factory=dict, sa_column=_json_column())
+    status: str = Field(max_length=16)  # pending, delivered or failed (attempts spent)
+    # {at, status_code, error, duration_ms} per attempt, oldest first.
+    attempts: list[dict[str, Any]] = Field(default_factory=list, sa_column=_json_column())
+    next_attempt_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
+    created_at: datetime = Field(default_factory=_utcnow, sa_type=UTCDateTime())
+    delivered_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
+
+    __table_args__ = (Index("ix_webhook_delivery_due", "status", "next_attempt_at"),)
+
+
 workflow_table: Table = metadata.tables["workflow"]
 step_table: Table = metadata.tables["step"]
 attempt_table: Table = metadata.tables["attempt"]
@@ -353,3 +382,4 @@ event_table: Table = metadata.tables["workflow_event"]
 api_key_table: Table = metadata.tables["api_key"]
 runner_table: Table = metadata.tables["runner"]
 response_table: Table = metadata.tables["response"]
+webhook_delivery_table: Table = metadata.tables["webhook_delivery"]

@@ -42,6 +42,9 @@ class SubmitRequest(BaseModel):
     answer_format: AnswerFormat | None = None
     # The API key that submitted it, whose limits count it; None: none did.
     key_id: str | None = None
+    # Where its outcome is delivered (a webhook signed with its key's secret); None: the
+    # key's default webhook URL, if it has one.
+    callback_url: str | None = None
     # A client's Idempotency-Key and the SHA-256 of the request it came with (both or none).
     idempotency_key: str | None = None
     request_hash: str | None = None
@@ -101,6 +104,7 @@ def record_workflow(
     row["idempotency_key"] = request.idempotency_key
     row["request_hash"] = request.request_hash
     row["key_id"] = request.key_id
+    row["callback_url"] = request.callback_url
     conn.execute(_INSERT_WORKFLOW, row)
 
 

@@ -22,7 +22,7 @@ from sqlalchemy import BindParameter, Connection, Engine, bindparam, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
-from conductor.machine import EventKind, MachineEvent, event_row, event_subject
+from conductor.machine import EventKind, MachineEvent, event_row, event_subject, utcnow
 from conductor.pool import Pool
 from conductor.workflow import (
     TERMINAL_STEP_STATUSES,
@@ -51,6 +51,7 @@ from conductor_adapters.store.redact import (
     scrub_snapshot,
     secret_values,
 )
+from conductor_adapters.webhooks import record_delivery
 
 Row = dict[str, Any]
 
@@ -313,7 +314,9 @@ class TraceWrites:
             self._merge_plans(conn, workflow_id, calls)
             for row, attempts in steps:
                 self._finish_step(conn, workflow_id, row, attempts)
-            conn.execute(finish_workflow, {"workflow": workflow_id, **_new(final)})
+            finished = conn.execute(finish_workflow, {"workflow": workflow_id, **_new(final)})
+            if finished.rowcount:  # this write ended it (a repeat ends nothing): tell its client
+                record_delivery(conn, result, result.finished_at or utcnow())
 
         return write
 
