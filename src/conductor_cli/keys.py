@@ -120,7 +120,7 @@ def limit(
     period: str | None = PERIOD,
 ) -> None:
     """Replace a key's limits with these (an option left out: no limit). Servers apply them
-    within a minute."""
+    within a second (they reuse a key check for that long)."""
     from conductor_adapters.store.keys import set_limits
 
     limits = _limits(rpm, tpm, concurrency, budget, period)

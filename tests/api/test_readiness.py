@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
@@ -17,27 +16,28 @@ from conductor_cli.wiring import distributed_api_service
 REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
-@pytest.mark.postgres
-@pytest.mark.broker
-async def test_a_planner_outage_is_reported_but_keeps_the_api_ready(
-    postgres_url: str, tmp_path: Path
-) -> None:
-    # Given the distributed API with its database, broker and Redis, and no planner listening
+async def _readyz(postgres_url: str, redis_url: str, prefix: str) -> httpx.Response:
+    """/readyz of the distributed API on these servers, with no planner listening."""
     settings = Settings(database_url=postgres_url, planner_addr=f"127.0.0.1:{free_port()}")
-    broker = BrokerSettings(
-        broker_url=REDIS_URL, redis_url=REDIS_URL, redis_prefix=f"readyz-{uuid.uuid4().hex}:"
-    )
+    broker = BrokerSettings(broker_url=redis_url, redis_url=redis_url, redis_prefix=prefix)
     engine = create_engine(postgres_url)
     service = distributed_api_service(settings, broker, engine)
     await service.start()
     try:
         transport = httpx.ASGITransport(app=create_app(service))
         async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
-            # When a probe asks whether it is ready
-            reply = await http.get("/readyz")
+            return await http.get("/readyz")
     finally:
         await service.aclose()
         engine.dispose()
+
+
+@pytest.mark.postgres
+@pytest.mark.broker
+async def test_a_planner_outage_is_reported_but_keeps_the_api_ready(postgres_url: str) -> None:
+    # Given the distributed API with its database, broker and Redis, and no planner listening
+    # When a probe asks whether it is ready
+    reply = await _readyz(postgres_url, REDIS_URL, f"readyz-{uuid.uuid4().hex}:")
 
     # Then it is: every replica shares the planner, so taking them all out of the Service
     # would only turn the API's clear errors into refused connections
@@ -52,19 +52,7 @@ async def test_a_planner_outage_is_reported_but_keeps_the_api_ready(
 @pytest.mark.broker
 async def test_an_unreachable_broker_makes_the_api_not_ready(postgres_url: str) -> None:
     # Given the distributed API whose broker and Redis cannot be reached
-    dead = f"redis://127.0.0.1:{free_port()}/0"
-    settings = Settings(database_url=postgres_url, planner_addr=f"127.0.0.1:{free_port()}")
-    broker = BrokerSettings(broker_url=dead, redis_url=dead, redis_prefix="readyz:")
-    engine = create_engine(postgres_url)
-    service = distributed_api_service(settings, broker, engine)
-    await service.start()
-    try:
-        transport = httpx.ASGITransport(app=create_app(service))
-        async with httpx.AsyncClient(transport=transport, base_url="http://api") as http:
-            reply = await http.get("/readyz")
-    finally:
-        await service.aclose()
-        engine.dispose()
+    reply = await _readyz(postgres_url, f"redis://127.0.0.1:{free_port()}/0", "readyz:")
 
     # Then it is not ready, and says which dependency failed
     assert reply.status_code == 503, reply.text
