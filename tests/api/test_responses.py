@@ -11,6 +11,7 @@ workflow's question.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
+from pydantic import TypeAdapter
 
 from fakes.api_fixture import ANSWER, Api
 
@@ -198,6 +201,58 @@ def test_the_async_client_creates_and_streams(api: Api) -> None:
     assert events[-1].response.output_text == ANSWER
 
 
+def _raw_events(api: Api, body: dict[str, Any], key: str | None = None) -> list[dict[str, Any]]:
+    """The data of each event of a streamed response, checked against its ``event:`` line."""
+    with api.http(key) as http:
+        answer = http.post("/v1/responses", json={**body, "stream": True})
+    assert answer.status_code == 200, answer.text
+    events = []
+    for block in answer.text.split("\n\n"):
+        lines = [line for line in block.splitlines() if not line.startswith(":")]
+        if not lines:
+            continue
+        kind, data = lines
+        event: dict[str, Any] = json.loads(data.removeprefix("data: "))
+        assert kind == f"event: {event['type']}"
+        events.append(event)
+    return events
+
+
+@pytest.mark.parametrize("model", ["conductor-ultra", "alpha"])
+def test_every_event_and_object_validates_against_the_sdk_types(api: Api, model: str) -> None:
+    # The SDK parses without validating: a missing or mistyped field shows only here.
+    stream_event: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+    conversation = [
+        {"role": "user", "content": "Remember 6."},
+        {"role": "assistant", "content": "OK."},
+        {"role": "user", "content": QUESTION},
+    ]
+    events = _raw_events(api, {"model": model, "input": conversation})
+    parsed = [stream_event.validate_python(event) for event in events]
+    response_id = events[-1]["response"]["id"]
+    with api.http() as http:
+        retrieved = http.get(f"/v1/responses/{response_id}").json()
+        created = _post(api, "/v1/responses", {"model": model, "input": QUESTION}).json()
+        items = http.get(f"/v1/responses/{response_id}/input_items", params={"order": "asc"})
+
+    assert _deduplicated([event.type for event in parsed]) == EVENT_ORDER
+    for body in (retrieved, created, events[0]["response"], events[-1]["response"]):
+        Response.model_validate(body)
+    roles = [TypeAdapter(ResponseItem).validate_python(i).role for i in items.json()["data"]]  # type: ignore[union-attr]
+    assert roles == ["user", "assistant", "user"]
+    item_ids = {event["item_id"] for event in events if "item_id" in event}
+    assert item_ids == {events[-1]["response"]["output"][0]["id"]}
+
+
+def test_a_failed_stream_validates_against_the_sdk_types(api: Api) -> None:
+    events = _raw_events(api, {"model": "conductor-ultra", "input": QUESTION}, api.delta_key)
+
+    failed = TypeAdapter(ResponseStreamEvent).validate_python(events[-1])
+    assert failed.type == "response.failed"
+    assert failed.response.error is not None
+    assert "10.20.30.40" not in failed.response.error.message
+
+
 # -- stored responses ----------------------------------------------------------------------------
 
 
@@ -305,6 +360,23 @@ def test_input_items_are_listed_page_by_page(api: Api, client: openai.OpenAI) ->
     assert unknown.json()["error"]["param"] == "after"
 
 
+@pytest.mark.parametrize("include", ["include", "include[]"])
+def test_input_items_refuse_include(api: Api, client: openai.OpenAI, include: str) -> None:
+    # input items hold their text only: asked for more, the answer says so rather than
+    # returning a page without it
+    response = client.responses.create(model="conductor-mini", input=QUESTION)
+    with api.http() as http:
+        answer = http.get(
+            f"/v1/responses/{response.id}/input_items",
+            params={include: "message.input_image.image_url"},
+        )
+        plain = http.get(f"/v1/responses/{response.id}/input_items", params={include: ""})
+
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == "include"
+    assert plain.status_code == 200, plain.text
+
+
 def test_a_deleted_response_is_gone_and_its_workflow_stays(api: Api, client: openai.OpenAI) -> None:
     response = client.responses.create(model="conductor-ultra", input=QUESTION)
     retrieved = client.responses.retrieve(response.id)
@@ -371,6 +443,8 @@ SDK_DEFAULTS: dict[str, Any] = {
     "max_output_tokens": 256,
     "stream_options": None,
     "service_tier": "auto",
+    "max_tool_calls": 3,
+    "top_logprobs": 0,
 }
 
 
@@ -384,6 +458,7 @@ def test_the_fields_sdks_send_by_default_are_accepted(api: Api) -> None:
     assert body["max_output_tokens"] == 256
     assert body["temperature"] == 0.7
     assert body["user"] == "user-1"
+    assert (body["max_tool_calls"], body["top_logprobs"]) == (3, 0)
 
 
 IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
@@ -529,7 +604,7 @@ def test_a_completion_refuses_what_it_cannot_honour(
     api: Api, fields: dict[str, Any], param: str
 ) -> None:
     response = _post(api, "/v1/completions", {"model": "conductor-ultra", "prompt": "Hi", **fields})
-    assert response.status_code in (400, 404), response.text
+    assert response.status_code == (404 if param == "model" else 400), response.text
     assert response.json()["error"]["param"] == param
 
 

@@ -10,9 +10,10 @@ carries the workflow id and its steps. Streams send the answer when the workflow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -32,12 +33,13 @@ from conductor_api.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
     ChatMessageIn,
+    ConductorOptions,
     ModelCard,
     ModelList,
     UsageView,
     WorkflowView,
 )
-from conductor_api.service import CHAT_FIELDS, Caller, WorkflowService
+from conductor_api.service import CHAT_FIELDS, Caller, SubmitFields, WorkflowService
 from conductor_api.sse import KEEPALIVE, STREAM_HEADERS, data_line, with_keepalive
 
 router = APIRouter(tags=["OpenAI-compatible"])
@@ -185,23 +187,19 @@ async def chat_completions(
             service, metrics, caller, body, created, include_usage, answer_format
         )
     if body.model not in service.variants:
-        raise _unknown_model(body.model)
+        raise unknown_model(body.model)
     question = render_question(body.messages)
-    options = body.conductor
-    submission = service.submission(
+    workflow_id, timeout_s = await submit_workflow(
+        service,
+        metrics,
         caller,
         question,
-        variant=body.model,
-        pool=options.pool if options else None,
-        max_steps=options.max_steps if options else None,
-        cost_weight=options.cost_weight if options else None,
+        model=body.model,
+        options=body.conductor,
         metadata=body.metadata,
         fields=CHAT_FIELDS,
         answer_format=answer_format,
     )
-    workflow_id = await service.submit(submission)
-    metrics.workflows.labels(submission.variant.name).inc()
-    timeout_s = submission.variant.workflow_timeout_s + WAIT_MARGIN_S
     completion_id = f"chatcmpl-{workflow_id.hex}"
     if body.stream:
         chunks = _Chunks(completion_id, body.model, created)
@@ -209,29 +207,58 @@ async def chat_completions(
             service, metrics, caller.tenant, workflow_id, chunks, include_usage, timeout_s
         )
         return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
-    view = await _outcome(service, workflow_id, caller.tenant, timeout_s, request)
-    metrics.workflow(caller.tenant, view)
-    if view.status != "completed":
-        raise _workflow_failed(view)
+    view = await completed_workflow(
+        service, metrics, workflow_id, caller.tenant, timeout_s, request
+    )
     usage = openai_usage(view.usage)
     return _completion(
         completion_id, body.model, created, view.answer or "", usage, conductor_field(view)
     )
 
 
+async def submit_workflow(
+    service: WorkflowService,
+    metrics: ApiMetrics,
+    caller: Caller,
+    question: str,
+    *,
+    model: str,
+    options: ConductorOptions | None,
+    metadata: dict[str, str] | None,
+    fields: SubmitFields,
+    answer_format: AnswerFormat | None = None,
+) -> tuple[uuid.UUID, float]:
+    """Start a workflow of the variant ``model``: its id, and how long to wait for its answer
+    (the variant's deadline and a margin)."""
+    submission = service.submission(
+        caller,
+        question,
+        variant=model,
+        pool=options.pool if options else None,
+        max_steps=options.max_steps if options else None,
+        cost_weight=options.cost_weight if options else None,
+        metadata=metadata,
+        fields=fields,
+        answer_format=answer_format,
+    )
+    workflow_id = await service.submit(submission)
+    metrics.workflows.labels(submission.variant.name).inc()
+    return workflow_id, submission.variant.workflow_timeout_s + WAIT_MARGIN_S
+
+
 def refuse_unsupported(body: ChatCompletionRequest) -> None:
     """A 400 naming what this API cannot do, rather than a request silently half-honoured."""
     if body.tools:
-        raise _unsupported(
+        raise unsupported(
             "tools",
             "function calling is not supported: no worker is called with tools (describe what "
             "a tool would do in the question instead)",
         )
     if body.tool_choice not in (None, "none", "auto"):
-        raise _unsupported("tool_choice", 'only "none" or "auto" is accepted (there are no tools)')
+        raise unsupported("tool_choice", 'only "none" or "auto" is accepted (there are no tools)')
     for i, message in enumerate(body.messages):
         if message.role == "tool" or (message.model_extra or {}).get("tool_calls"):
-            raise _unsupported(
+            raise unsupported(
                 f"messages[{i}]", "tool calls and tool results are not supported (no tools)"
             )
         if message.content is None:
@@ -239,7 +266,7 @@ def refuse_unsupported(body: ChatCompletionRequest) -> None:
         if isinstance(message.content, list):
             for j, part in enumerate(message.content):
                 if part.type != "text":
-                    raise _unsupported(
+                    raise unsupported(
                         f"messages[{i}].content[{j}]",
                         f"{part.type} content is not supported: send text parts only",
                     )
@@ -249,7 +276,7 @@ def refuse_unsupported(body: ChatCompletionRequest) -> None:
                     )
 
 
-def _unsupported(param: str, reason: str) -> ApiError:
+def unsupported(param: str, reason: str) -> ApiError:
     return ApiError(400, f"{param}: {reason}", code="unsupported_parameter", param=param)
 
 
@@ -263,7 +290,7 @@ def answer_format_of(response_format: Any) -> AnswerFormat | None:
     return AnswerFormat(type="json_schema", name=spec.name, json_schema=spec.schema_)
 
 
-def _unknown_model(model: str) -> ApiError:
+def unknown_model(model: str) -> ApiError:
     return ApiError(
         404,
         f"The model {model!r} does not exist or you do not have access to it "
@@ -273,13 +300,18 @@ def _unknown_model(model: str) -> ApiError:
     )
 
 
-def _workflow_failed(view: WorkflowView) -> ApiError:
+def workflow_timed_out(workflow_id: uuid.UUID, timeout_s: float) -> ApiError:
+    message = f"workflow {workflow_id} did not finish within {timeout_s:g} s"
+    return ApiError(504, message, code="timeout", retry=False)
+
+
+def workflow_failed(view: WorkflowView) -> ApiError:
     reason = without_addresses(view.error or "no answer")
     message = f"workflow {view.id} failed: {reason}"
     return ApiError(502, message, code="workflow_failed", retry=False)
 
 
-async def _outcome(
+async def _wait_for_workflow(
     service: WorkflowService,
     workflow_id: uuid.UUID,
     tenant: str,
@@ -294,8 +326,7 @@ async def _outcome(
         async with asyncio.timeout(timeout_s):
             await asyncio.wait({outcome, gone}, return_when=asyncio.FIRST_COMPLETED)
     except TimeoutError:
-        message = f"workflow {workflow_id} did not finish within {timeout_s:g} s"
-        raise ApiError(504, message, code="timeout", retry=False) from None
+        raise workflow_timed_out(workflow_id, timeout_s) from None
     finally:
         gone.cancel()
         if not outcome.done():
@@ -307,6 +338,22 @@ async def _outcome(
     view = await asyncio.to_thread(load_workflow, service.engine, workflow_id, tenant)
     if view is None:  # deleted meanwhile
         raise ApiError(404, f"workflow {workflow_id} not found", code="not_found")
+    return view
+
+
+async def completed_workflow(
+    service: WorkflowService,
+    metrics: ApiMetrics,
+    workflow_id: uuid.UUID,
+    tenant: str,
+    timeout_s: float,
+    request: Request,
+) -> WorkflowView:
+    """The workflow once it has completed, counted in the metrics; a 502 if it did not."""
+    view = await _wait_for_workflow(service, workflow_id, tenant, timeout_s, request)
+    metrics.workflow(tenant, view)
+    if view.status != "completed":
+        raise workflow_failed(view)
     return view
 
 
@@ -332,6 +379,35 @@ def _cancel_in_background(service: WorkflowService, workflow_id: uuid.UUID, tena
     task.add_done_callback(_cancelling.discard)
 
 
+async def workflow_progress(
+    service: WorkflowService,
+    workflow_id: uuid.UUID,
+    tenant: str,
+    timeout_s: float,
+    first: Iterable[str],
+) -> AsyncGenerator[str, None]:
+    """A workflow's stream until it finishes: ``first``, then keepalives and its progress as
+    SSE comments (OpenAI clients skip them, curl shows them). Raises a 504 ApiError past
+    ``timeout_s`` (the workflow runs on). Closed before the workflow finishes (the client went
+    away, so the server closes the stream) or broken, it cancels the workflow: its answer has
+    nobody else to go to. Close it explicitly (``contextlib.aclosing``) so that the cancel
+    does not wait for garbage collection."""
+    finished = False
+    try:
+        for line in first:
+            yield line
+        async with asyncio.timeout(timeout_s):
+            async for event in with_keepalive(service.follow(workflow_id, tenant)):
+                yield KEEPALIVE if event is None else f": {event.kind} {event.sequence}\n\n"
+        finished = True
+    except TimeoutError:
+        finished = True
+        raise workflow_timed_out(workflow_id, timeout_s) from None
+    finally:
+        if not finished:
+            _cancel_in_background(service, workflow_id, tenant)
+
+
 async def _workflow_stream(
     service: WorkflowService,
     metrics: ApiMetrics,
@@ -342,30 +418,21 @@ async def _workflow_stream(
     timeout_s: float,
 ) -> AsyncIterator[str]:
     start = {"workflow_id": str(workflow_id), "status": "running"}
-    finished = False
+    role = chunks.delta({"role": "assistant", "content": ""}, conductor=start)
+    progress = workflow_progress(service, workflow_id, tenant, timeout_s, [role])
     try:
-        yield chunks.delta({"role": "assistant", "content": ""}, conductor=start)
-        async with asyncio.timeout(timeout_s):
-            async for event in with_keepalive(service.follow(workflow_id, tenant)):
-                if event is None:
-                    yield KEEPALIVE
-                else:  # progress, as a comment: OpenAI clients skip it, curl shows it
-                    yield f": {event.kind} {event.sequence}\n\n"
-        finished = True
-    except TimeoutError:
-        finished = True
-        message = f"workflow {workflow_id} did not finish within {timeout_s:g} s"
-        yield data_line(error_body(504, message, code="timeout"))
+        async with contextlib.aclosing(progress):
+            async for line in progress:
+                yield line
+    except ApiError as timed_out:
+        yield data_line(error_body(timed_out.status, timed_out.message, code=timed_out.code))
         yield DONE
         return
-    finally:
-        if not finished:  # the client went away (the server closes the stream) or it broke
-            _cancel_in_background(service, workflow_id, tenant)
     view = await asyncio.to_thread(load_workflow, service.engine, workflow_id, tenant)
     if view is not None:
         metrics.workflow(tenant, view)
     if view is None or view.status != "completed":
-        error = _workflow_failed(view) if view else ApiError(404, "workflow not found")
+        error = workflow_failed(view) if view else ApiError(404, "workflow not found")
         yield data_line(error_body(error.status, error.message, code=error.code))
         yield DONE
         return
@@ -376,11 +443,27 @@ async def _workflow_stream(
     yield DONE
 
 
-def _messages(body: ChatCompletionRequest) -> list[ChatMessage]:
+def worker_messages(messages: list[ChatMessageIn]) -> list[ChatMessage]:
+    """The messages as a worker gets them (a developer message is a system message)."""
     return [
         ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text)
-        for m in body.messages
+        for m in messages
     ]
+
+
+def check_passthrough(
+    service: WorkflowService, caller: Caller, model: str, options: ConductorOptions | None
+) -> None:
+    """A worker called directly: one this key may call (404 otherwise), with no workflow
+    options."""
+    if model not in service.allowed_workers(caller):
+        raise unknown_model(model)
+    if options is not None:
+        raise ApiError(
+            400,
+            f"conductor options apply to variants; {model!r} is a single worker",
+            param="conductor",
+        )
 
 
 async def _passthrough(
@@ -392,16 +475,9 @@ async def _passthrough(
     include_usage: bool,
     answer_format: AnswerFormat | None = None,
 ) -> JSONResponse | StreamingResponse:
-    if body.model not in service.allowed_workers(caller):
-        raise _unknown_model(body.model)
-    if body.conductor is not None:
-        raise ApiError(
-            400,
-            f"conductor options apply to variants; {body.model!r} is a single worker",
-            param="conductor",
-        )
+    check_passthrough(service, caller, body.model, body.conductor)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-    messages = _messages(body)
+    messages = worker_messages(body.messages)
     if answer_format is not None:
         messages.append(ChatMessage(role="system", content=answer_format.instruction()))
 
@@ -422,21 +498,21 @@ async def _passthrough(
         chunks = _Chunks(completion_id, body.model, created)
         stream = _passthrough_stream(call, metrics, body.model, chunks, include_usage)
         return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
-    result = await _call(call, metrics, body.model)
+    result = await call_worker(call, metrics, body.model)
     usage = openai_usage(result.usage)
     return _completion(
-        completion_id, body.model, created, result.text, usage, _passthrough_field(result)
+        completion_id, body.model, created, result.text, usage, passthrough_field(result)
     )
 
 
-def _passthrough_field(result: StepCallResult) -> dict[str, Any]:
+def passthrough_field(result: StepCallResult) -> dict[str, Any]:
     return {"worker": result.worker, "cost_usd": result.cost_usd, "attempts": len(result.attempts)}
 
 
 Call = Callable[[], Awaitable[StepCallResult]]
 
 
-async def _call(call: Call, metrics: ApiMetrics, worker: str) -> StepCallResult:
+async def call_worker(call: Call, metrics: ApiMetrics, worker: str) -> StepCallResult:
     try:
         result = await call()
     except StepCallFailed as exc:
@@ -455,13 +531,13 @@ async def _passthrough_stream(
 ) -> AsyncIterator[str]:
     yield chunks.delta({"role": "assistant", "content": ""})
     try:
-        result = await _call(call, metrics, worker)
+        result = await call_worker(call, metrics, worker)
     except ApiError as error:
         yield data_line(error_body(error.status, error.message, code=error.code))
         yield DONE
         return
     yield chunks.delta({"content": result.text})
-    yield chunks.delta({}, finish="stop", conductor=_passthrough_field(result))
+    yield chunks.delta({}, finish="stop", conductor=passthrough_field(result))
     if include_usage:
         yield chunks.usage(openai_usage(result.usage))
     yield DONE
@@ -478,7 +554,7 @@ async def get_model(model: str, request: Request, caller: CallerDep) -> ModelCar
     for card in _cards(request.app.state.service, caller):
         if card.id == model:
             return card
-    raise _unknown_model(model)
+    raise unknown_model(model)
 
 
 def _cards(service: WorkflowService, caller: Caller) -> list[ModelCard]:

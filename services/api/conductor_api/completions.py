@@ -18,10 +18,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.responses import Response
 
 from conductor.errors import InvalidRequest
-from conductor.orchestration import MAX_QUESTION_CHARS
 from conductor_api.auth import CallerDep
-from conductor_api.chat import chat_completions
+from conductor_api.chat import chat_completions, unsupported
 from conductor_api.errors import ApiError
+from conductor_api.responses_request import checked_text
 from conductor_api.responses_schemas import CompletionRequest, TextCompletion
 from conductor_api.schemas import EVENT_STREAM, ChatCompletionRequest, ChatMessageIn
 from conductor_api.sse import STREAM_HEADERS, data_line
@@ -29,30 +29,22 @@ from conductor_api.sse import STREAM_HEADERS, data_line
 router = APIRouter(tags=["OpenAI-compatible"])
 
 
-def _refused(param: str, why: str) -> ApiError:
-    return ApiError(400, f"{param}: {why}", code="unsupported_parameter", param=param)
-
-
 def _check(body: CompletionRequest) -> str:
     """The prompt; a 400 for what a workflow cannot honour."""
     if body.echo:
-        raise _refused("echo", "the prompt is not echoed; only false")
+        raise unsupported("echo", "the prompt is not echoed; only false")
     if body.suffix is not None:
-        raise _refused("suffix", "a suffix (insertion) is not supported")
+        raise unsupported("suffix", "a suffix (insertion) is not supported")
     if body.logprobs is not None:
-        raise _refused("logprobs", "log probabilities are not available from a workflow")
+        raise unsupported("logprobs", "log probabilities are not available from a workflow")
     prompt = body.prompt
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     elif isinstance(prompt, list):
-        raise _refused("prompt", f"one prompt per request, not {len(prompt)}")
+        raise unsupported("prompt", f"one prompt per request, not {len(prompt)}")
     if not isinstance(prompt, str):
         raise ApiError(400, "prompt: expected a string", param="prompt")
-    if len(prompt) > MAX_QUESTION_CHARS:
-        raise ApiError(400, f"prompt: longer than {MAX_QUESTION_CHARS} characters", param="prompt")
-    if "\x00" in prompt:
-        raise ApiError(400, "prompt: must not contain a NUL character (\\u0000)", param="prompt")
-    return prompt
+    return checked_text(prompt, "prompt")
 
 
 def _as_prompt(error: ApiError | InvalidRequest) -> ApiError:

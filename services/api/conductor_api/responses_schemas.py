@@ -202,6 +202,8 @@ class ResponseObject(BaseModel):
     metadata: dict[str, str]
     store: bool
     max_output_tokens: int | None
+    max_tool_calls: int | None = None
+    top_logprobs: int | None = None
     temperature: float | None
     top_p: float | None
     parallel_tool_calls: bool
@@ -218,6 +220,7 @@ class ResponseObject(BaseModel):
 class InputTextPart(BaseModel):
     type: Literal["input_text", "output_text"]
     text: str
+    annotations: list[Any] | None = Field(default=None, description="[] on an output_text part.")
 
 
 class ResponseInputItem(BaseModel):

@@ -1,0 +1,64 @@
+"""The server-sent events of a streamed ``/v1/responses`` answer, as the OpenAI SDKs parse them
+(``openai.types.responses.ResponseStreamEvent``).
+
+A workflow's answer comes whole when it finishes, so the text arrives as one delta; until then
+the stream carries the workflow's progress as SSE comments, which the SDKs skip.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from conductor_adapters.store.responses import StoredResponse
+from conductor_api.responses_objects import output_item, output_item_id, text_part
+
+
+class ResponseEvents:
+    """The events of one streamed response, numbered from 0 as the Responses API numbers them."""
+
+    def __init__(self) -> None:
+        self.sequence = 0
+
+    def event(self, kind: str, **fields: Any) -> str:
+        payload = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        body = json.dumps(payload, ensure_ascii=False, default=str)
+        return f"event: {kind}\ndata: {body}\n\n"
+
+    def started(self, snapshot: dict[str, Any]) -> list[str]:
+        return [
+            self.event("response.created", response=snapshot),
+            self.event("response.in_progress", response=snapshot),
+        ]
+
+    def answered(self, stored: StoredResponse, text: str, final: dict[str, Any]) -> list[str]:
+        """From the output item's start to ``response.completed``."""
+        where = {"item_id": output_item_id(stored), "output_index": 0, "content_index": 0}
+        return [
+            self.event(
+                "response.output_item.added",
+                output_index=0,
+                item=output_item(stored, "", "in_progress"),
+            ),
+            self.event("response.content_part.added", **where, part=text_part("")),
+            self.event("response.output_text.delta", **where, delta=text, logprobs=[]),
+            self.event("response.output_text.done", **where, text=text, logprobs=[]),
+            self.event("response.content_part.done", **where, part=text_part(text)),
+            self.event(
+                "response.output_item.done",
+                output_index=0,
+                item=output_item(stored, text, "completed"),
+            ),
+            self.event("response.completed", response=final),
+        ]
+
+    def failed(self, response: dict[str, Any], status: str, message: str) -> str:
+        """``response.failed`` (the Responses API has no other end for a failed or cancelled
+        response), with the reason in the response's ``error``."""
+        failed = {
+            **response,
+            "status": status,
+            "error": {"code": "server_error", "message": message},
+        }
+        return self.event("response.failed", response=failed)

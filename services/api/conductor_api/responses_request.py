@@ -1,0 +1,233 @@
+"""What a ``/v1/responses`` request asks for: the fields Conductor cannot honour (refused with a
+400 naming them), the input items as stored, and the question the Conductor gets.
+
+A field is refused unless it carries a value that asks for nothing (the SDKs send ``tools: []``,
+``truncation: "disabled"``, ``include: []`` and the like by default); a field the API does not
+know is refused too, as the OpenAI API does.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal, cast
+
+from conductor.orchestration import MAX_QUESTION_CHARS
+from conductor_adapters.store.responses import StoredResponse
+from conductor_api.chat import render_question, unsupported
+from conductor_api.errors import ApiError
+from conductor_api.responses_schemas import ResponseCreateRequest
+from conductor_api.schemas import MAX_MESSAGES, ChatMessageIn
+
+ROLES = ("user", "system", "developer", "assistant")
+Role = Literal["user", "system", "developer", "assistant"]
+TEXT_PARTS = ("input_text", "output_text")
+# Fields with no neutral value but null (or an object of nulls): any other is refused.
+_REFUSED = {
+    "conversation": "conversations are not supported; continue with previous_response_id",
+    "prompt": "prompt templates are not supported; send the input",
+    "context_management": "context management is not supported",
+    "moderation": "moderation is not supported",
+    "prompt_cache_options": "prompt cache options are not supported",
+    "prompt_cache_retention": "prompt cache retention is not supported",
+}
+
+
+def invalid(param: str, message: str) -> ApiError:
+    return ApiError(400, f"{param}: {message}", param=param)
+
+
+def _blank(value: Any) -> bool:
+    """An object that asks for nothing: null, or a mapping whose values are all null."""
+    return value is None or (isinstance(value, dict) and all(v is None for v in value.values()))
+
+
+def check_supported(body: ResponseCreateRequest) -> None:
+    """Refuse, with a 400 naming it, every field Conductor cannot honour unless it carries a
+    value that asks for nothing; and every field the API does not know."""
+    for name in body.model_extra or {}:
+        raise ApiError(400, f"{name}: unknown parameter", code="unknown_parameter", param=name)
+    if body.tools:
+        raise unsupported(
+            "tools",
+            "tools are not supported: a workflow's workers answer with text and no tool call "
+            "comes back to the client; send [] or leave it out",
+        )
+    if body.tool_choice not in (None, "auto", "none"):
+        raise unsupported("tool_choice", 'with no tools, only "auto" or "none"')
+    if body.truncation not in (None, "disabled"):
+        raise unsupported(
+            "truncation",
+            'only "disabled": a conversation over the limit is refused, never cut',
+        )
+    if body.include:
+        raise unsupported(
+            "include",
+            f"{body.include[0]!r} cannot be included: a response holds its text and usage only; "
+            "send [] or leave it out",
+        )
+    _check_text(body.text)
+    if not _blank(body.reasoning):
+        raise unsupported(
+            "reasoning",
+            "reasoning options are not supported: each worker runs with the settings of the "
+            "pool file",
+        )
+    if body.background not in (None, False):
+        raise unsupported(
+            "background",
+            "background responses are not supported: submit the question to the job API "
+            "(POST /v1/workflows) to run it without waiting",
+        )
+    if body.service_tier not in (None, "auto", "default"):
+        raise unsupported("service_tier", 'only "auto" or "default"')
+    # 0 only: not False, which equals 0 in Python
+    if body.top_logprobs is not None and not (
+        type(body.top_logprobs) is int and body.top_logprobs == 0
+    ):
+        raise unsupported("top_logprobs", "log probabilities are not available from a workflow")
+    for name, why in _REFUSED.items():
+        if not _blank(getattr(body, name)):
+            raise unsupported(name, why)
+
+
+def _check_text(text: Any) -> None:
+    if _blank(text):
+        return
+    if not isinstance(text, dict):
+        raise unsupported("text", 'only {"format": {"type": "text"}}')
+    for key, value in text.items():
+        if key == "format":
+            if value is not None and value != {"type": "text"}:
+                kind = value.get("type") if isinstance(value, dict) else value
+                raise unsupported(
+                    "text.format",
+                    f"{kind!r} output is not supported: a workflow answers with plain text; "
+                    'only {"type": "text"}',
+                )
+        elif key == "verbosity":
+            if value not in (None, "medium"):
+                raise unsupported("text.verbosity", "verbosity cannot be set on a workflow")
+        else:
+            raise ApiError(
+                400, f"text.{key}: unknown parameter", code="unknown_parameter", param=f"text.{key}"
+            )
+
+
+def checked_text(text: str, param: str) -> str:
+    """Text a client sent that becomes part of a question: within the question's limit, and
+    without NUL (which Postgres cannot store)."""
+    if len(text) > MAX_QUESTION_CHARS:
+        raise invalid(param, f"longer than {MAX_QUESTION_CHARS} characters")
+    if "\x00" in text:
+        raise invalid(param, "must not contain a NUL character (\\u0000)")
+    return text
+
+
+def _part_text(part: Any, param: str) -> str:
+    if not isinstance(part, dict):
+        raise invalid(param, "expected a content part object")
+    kind = part.get("type")
+    if kind in TEXT_PARTS:
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise invalid(f"{param}.text", "expected a string")
+        return checked_text(text, f"{param}.text")
+    if kind == "refusal" and isinstance(part.get("refusal"), str):
+        return checked_text(part["refusal"], f"{param}.refusal")
+    if isinstance(kind, str) and kind:
+        raise unsupported(
+            param, f"{kind} parts are not supported: a workflow takes text parts only"
+        )
+    raise invalid(f"{param}.type", 'expected "input_text" or "output_text"')
+
+
+def _message(item: Any, index: int) -> dict[str, Any]:
+    """One input item as stored: a message with an id and text parts."""
+    param = f"input.{index}"
+    if not isinstance(item, dict):
+        raise invalid(param, "expected an input item object")
+    kind = item.get("type", "message")
+    if kind == "item_reference":
+        raise unsupported(
+            param, "item references are not supported; send the message or previous_response_id"
+        )
+    if kind != "message":
+        raise unsupported(
+            f"{param}.type",
+            f"{kind!r} items are not supported: a workflow takes messages only "
+            "(no tool calls, tool outputs or reasoning items)",
+        )
+    role = item.get("role")
+    if role not in ROLES:
+        raise invalid(f"{param}.role", f"expected one of {', '.join(ROLES)}")
+    content = item.get("content")
+    if isinstance(content, str):
+        texts = [checked_text(content, f"{param}.content")]
+    elif isinstance(content, list) and content:
+        if len(content) > MAX_MESSAGES:
+            raise invalid(f"{param}.content", f"at most {MAX_MESSAGES} parts")
+        texts = [_part_text(p, f"{param}.content.{i}") for i, p in enumerate(content)]
+    else:
+        raise invalid(f"{param}.content", "expected a string or a list of text parts")
+    return {
+        "id": f"msg_{uuid.uuid4().hex}",
+        "type": "message",
+        "role": role,
+        "status": "completed",
+        "content": [_stored_part(role, t) for t in texts],
+    }
+
+
+def _stored_part(role: str, text: str) -> dict[str, Any]:
+    """A part as the input items list gives it back: an assistant's message is an output
+    message there (``ResponseOutputMessage``), whose text parts carry their annotations."""
+    if role == "assistant":
+        return {"type": "output_text", "text": text, "annotations": []}
+    return {"type": "input_text", "text": text}
+
+
+def input_items(raw: Any) -> list[dict[str, Any]]:
+    """The request's input as stored messages; a 400 naming the item and part at fault."""
+    if isinstance(raw, str):
+        return [_message({"role": "user", "content": raw}, 0)]
+    if not isinstance(raw, list) or not raw:
+        raise invalid("input", "expected a string or a non-empty list of input items")
+    if len(raw) > MAX_MESSAGES:
+        raise invalid("input", f"at most {MAX_MESSAGES} items, not {len(raw)}")
+    return [_message(item, i) for i, item in enumerate(raw)]
+
+
+def turns(items: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """Stored input items as conversation turns (role and text)."""
+    return [
+        {
+            "role": item["role"],
+            "content": "".join(str(p.get("text", "")) for p in item.get("content", [])),
+        }
+        for item in items
+    ]
+
+
+def conversation(stored: StoredResponse) -> list[ChatMessageIn]:
+    """Instructions, the earlier conversation, then this input, as chat messages."""
+    messages = []
+    if stored.instructions:
+        messages.append({"role": "system", "content": stored.instructions})
+    messages += stored.history + turns(stored.input_items)
+    # Built without validation: an earlier answer may be longer than one message may be; the
+    # question as a whole is checked when the workflow is submitted.
+    return [
+        ChatMessageIn.model_construct(role=cast(Role, m["role"]), content=m["content"])
+        for m in messages
+    ]
+
+
+def question(messages: list[ChatMessageIn]) -> str:
+    """The question the Conductor gets, as chat completions render it; a 400 naming the input
+    where chat completions would name the messages."""
+    try:
+        return render_question(messages)
+    except ApiError as error:
+        if error.param != "messages":
+            raise
+        raise invalid("input", "include at least one user message") from None
