@@ -22,7 +22,7 @@ import pytest
 from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from fakes.api_fixture import ANSWER, Api
+from fakes.api_fixture import ANSWER, JSON_ANSWER, Api
 
 QUESTION = "What is 6 * 7?"
 EVENT_ORDER = [
@@ -470,7 +470,7 @@ IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
         ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
-        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text.format"),
+        ({"text": {"format": {"type": "grammar", "syntax": "lark"}}}, "text.format"),
         ({"background": True}, "background"),
         ({"include": ["reasoning.encrypted_content"]}, "include"),
         ({"truncation": "auto"}, "truncation"),
@@ -654,6 +654,54 @@ def test_the_agents_sdk_runs_an_agent_on_a_workflow(api: Api) -> None:
             f"User: {QUESTION}\nAssistant: {ANSWER}\n\nRequest:\nAnd doubled?"
         )
     assert resent.final_output == ANSWER
+
+
+def test_structured_output_answers_the_json_schema_asked_for(api: Api) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer"}, "unit": {"type": "string"}},
+        "required": ["answer", "unit"],
+        "additionalProperties": False,
+    }
+    text = {"format": {"type": "json_schema", "name": "result", "schema": schema, "strict": True}}
+    jsoner = {"conductor": {"pool": ["jsoner"]}}
+
+    workflow = api.client().responses.create(
+        model="conductor-ultra",
+        input=QUESTION,
+        text=text,
+        extra_body=jsoner,  # type: ignore[arg-type]
+    )
+    direct = api.client().responses.create(model="jsoner", input=QUESTION, text=text)  # type: ignore[arg-type]
+
+    assert json.loads(workflow.output_text) == JSON_ANSWER
+    assert json.loads(direct.output_text) == JSON_ANSWER
+
+
+def test_the_agents_sdk_gets_its_output_type(api: Api) -> None:
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
+    from pydantic import BaseModel
+
+    class Result(BaseModel):
+        answer: int
+        unit: str
+
+    set_tracing_disabled(True)
+
+    async def run() -> Any:
+        client = openai.AsyncOpenAI(base_url=f"{api.url}/v1", api_key=api.key)
+        async with client:
+            agent = Agent(
+                name="Calculator",
+                instructions="Compute it.",
+                model=OpenAIResponsesModel(model="conductor-ultra", openai_client=client),
+                model_settings=ModelSettings(extra_body={"conductor": {"pool": ["jsoner"]}}),
+                output_type=Result,
+            )
+            return await Runner.run(agent, QUESTION)
+
+    result = asyncio.run(run())
+    assert result.final_output == Result(answer=42, unit="none")
 
 
 def test_llamaindex_openai_like_completes_and_chats_with_its_defaults(api: Api) -> None:

@@ -477,22 +477,7 @@ async def _passthrough(
 ) -> JSONResponse | StreamingResponse:
     check_passthrough(service, caller, body.model, body.conductor)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-    messages = worker_messages(body.messages)
-    if answer_format is not None:
-        messages.append(ChatMessage(role="system", content=answer_format.instruction()))
-
-    async def call() -> StepCallResult:  # started inside the stream, if streaming
-        result = await service.passthrough(
-            body.model, messages, allowed_workers=caller.allowed_pool
-        )
-        if answer_format is None:
-            return result
-        try:
-            text = answer_format.conform(result.text)
-        except AnswerFormatError as exc:
-            reason = f"{body.model}: the answer does not follow response_format: {exc}"
-            raise StepCallFailed(reason, result.attempts) from None
-        return result.model_copy(update={"text": text})
+    call = worker_call(service, caller, body.model, worker_messages(body.messages), answer_format)
 
     if body.stream:
         chunks = _Chunks(completion_id, body.model, created)
@@ -503,6 +488,32 @@ async def _passthrough(
     return _completion(
         completion_id, body.model, created, result.text, usage, passthrough_field(result)
     )
+
+
+def worker_call(
+    service: WorkflowService,
+    caller: Caller,
+    worker: str,
+    messages: list[ChatMessage],
+    answer_format: AnswerFormat | None,
+) -> Call:
+    """The call to one worker, made when awaited (inside the stream, if streaming): told the
+    answer's form, if one is asked for, and its answer made to conform or failed."""
+    if answer_format is not None:
+        messages = [*messages, ChatMessage(role="system", content=answer_format.instruction())]
+
+    async def call() -> StepCallResult:
+        result = await service.passthrough(worker, messages, allowed_workers=caller.allowed_pool)
+        if answer_format is None:
+            return result
+        try:
+            text = answer_format.conform(result.text)
+        except AnswerFormatError as exc:
+            reason = f"{worker}: the answer does not follow the asked format: {exc}"
+            raise StepCallFailed(reason, result.attempts) from None
+        return result.model_copy(update={"text": text})
+
+    return call
 
 
 def passthrough_field(result: StepCallResult) -> dict[str, Any]:

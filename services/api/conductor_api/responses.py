@@ -22,13 +22,14 @@ import asyncio
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from conductor.answer_format import AnswerFormat
 from conductor.ports import StepCallResult
 from conductor_adapters.store.responses import (
     StoredResponse,
@@ -48,6 +49,7 @@ from conductor_api.chat import (
     submit_workflow,
     unknown_model,
     unsupported,
+    worker_call,
     worker_messages,
     workflow_failed,
     workflow_progress,
@@ -70,6 +72,7 @@ from conductor_api.responses_request import (
     input_items,
     invalid,
     question,
+    text_answer_format,
     turns,
 )
 from conductor_api.responses_schemas import (
@@ -250,6 +253,7 @@ async def create_response(
     service: WorkflowService = request.app.state.service
     metrics: ApiMetrics = request.app.state.metrics
     check_supported(body)
+    answer_format = text_answer_format(body.text)
     items = input_items(body.input)
     history: list[dict[str, str]] = []
     if body.previous_response_id is not None:
@@ -275,7 +279,7 @@ async def create_response(
         service, metrics, caller, starts_workflow=not passthrough, state=request_state(request)
     )
     if passthrough:
-        return await _passthrough(service, metrics, caller, body, stored, messages)
+        return await _passthrough(service, metrics, caller, body, stored, messages, answer_format)
     if body.model not in service.variants:
         raise unknown_model(body.model)
     workflow_id, timeout_s = await submit_workflow(
@@ -287,6 +291,7 @@ async def create_response(
         options=body.conductor,
         metadata=body.metadata,
         fields=RESPONSE_FIELDS,
+        answer_format=answer_format,
     )
     # A workflow's response has the workflow's id: it reads back from the workflow's row.
     stored = stored.model_copy(update={"id": workflow_id, "workflow_id": workflow_id})
@@ -307,14 +312,12 @@ async def _passthrough(
     body: ResponseCreateRequest,
     stored: StoredResponse,
     messages: list[ChatMessageIn],
+    answer_format: AnswerFormat | None,
 ) -> JSONResponse | StreamingResponse:
     check_passthrough(service, caller, body.model, body.conductor)
     if not any(m.role == "user" for m in messages):
         raise invalid("input", "include at least one user message")
-    chat = worker_messages(messages)
-
-    def call() -> Awaitable[StepCallResult]:  # started inside the stream, if streaming
-        return service.passthrough(body.model, chat, allowed_workers=caller.allowed_pool)
+    call = worker_call(service, caller, body.model, worker_messages(messages), answer_format)
 
     if body.stream:
         stream = _passthrough_stream(service, metrics, stored, call)

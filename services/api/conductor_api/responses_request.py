@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal, cast
 
+from conductor.answer_format import AnswerFormat
 from conductor.orchestration import MAX_QUESTION_CHARS
 from conductor_adapters.store.responses import StoredResponse
 from conductor_api.chat import render_question, unsupported
@@ -39,6 +40,27 @@ def invalid(param: str, message: str) -> ApiError:
 def _blank(value: Any) -> bool:
     """An object that asks for nothing: null, or a mapping whose values are all null."""
     return value is None or (isinstance(value, dict) and all(v is None for v in value.values()))
+
+
+def text_answer_format(text: Any) -> AnswerFormat | None:
+    """The answer's form ``text.format`` asks for: plain text (None), one JSON object, or one
+    that matches ``schema`` (the Responses API's structured output, which the Agents SDK's
+    ``output_type`` sends)."""
+    form = text.get("format") if isinstance(text, dict) else None
+    if form is None or form == {"type": "text"}:
+        return None
+    kind = form.get("type") if isinstance(form, dict) else form
+    if kind == "json_object":
+        return AnswerFormat(type="json_object")
+    if kind == "json_schema" and isinstance(form.get("schema"), dict):
+        name = str(form.get("name") or "")[:64] or None
+        answer_format = AnswerFormat(type="json_schema", name=name, json_schema=form["schema"])
+        answer_format.check_schema("text.format.schema")
+        return answer_format
+    raise unsupported(
+        "text.format",
+        f"{kind!r} output is not supported: text, json_object, or json_schema with a schema",
+    )
 
 
 def check_supported(body: ResponseCreateRequest) -> None:
@@ -94,16 +116,10 @@ def _check_text(text: Any) -> None:
     if _blank(text):
         return
     if not isinstance(text, dict):
-        raise unsupported("text", 'only {"format": {"type": "text"}}')
+        raise unsupported("text", 'expected {"format": {...}}')
     for key, value in text.items():
         if key == "format":
-            if value is not None and value != {"type": "text"}:
-                kind = value.get("type") if isinstance(value, dict) else value
-                raise unsupported(
-                    "text.format",
-                    f"{kind!r} output is not supported: a workflow answers with plain text; "
-                    'only {"type": "text"}',
-                )
+            text_answer_format(text)  # refuses a format it cannot honour
         elif key == "verbosity":
             if value not in (None, "medium"):
                 raise unsupported("text.verbosity", "verbosity cannot be set on a workflow")
