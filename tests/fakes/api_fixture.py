@@ -87,7 +87,9 @@ class Api:
 
 API_RUNTIMES = [
     "embedded",
-    pytest.param("distributed", marks=[pytest.mark.postgres, pytest.mark.broker]),
+    # Slow tier: a Celery worker, the gRPC planner and Postgres behind every test. The fast tier
+    # runs each API test on the embedded runtime; the whole suite runs both.
+    pytest.param("distributed", marks=[pytest.mark.postgres, pytest.mark.broker, pytest.mark.slow]),
 ]
 
 
