@@ -66,6 +66,7 @@ def test_an_answer_that_does_not_match_the_schema_fails_without_retries(api: Api
     ("fields", "param"),
     [
         ({"response_format": NOT_A_SCHEMA}, "response_format"),
+        ({"model": "jsoner", "response_format": NOT_A_SCHEMA}, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         (
@@ -93,7 +94,7 @@ def test_an_answer_that_does_not_match_the_schema_fails_without_retries(api: Api
             "messages[0].content[1]",
         ),
     ],
-    ids=["bad-schema", "tools", "tool-choice", "tool-messages", "image"],
+    ids=["bad-schema", "bad-schema-direct", "tools", "tool-choice", "tool-messages", "image"],
 )
 def test_what_the_api_cannot_do_is_a_400_naming_the_field(
     api: Api, fields: dict[str, Any], param: str

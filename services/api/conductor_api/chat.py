@@ -181,8 +181,6 @@ async def chat_completions(
         service, metrics, caller, starts_workflow=not passthrough, state=request_state(request)
     )
     if passthrough:
-        if answer_format is not None:
-            answer_format.check_schema("response_format.json_schema.schema")
         return await _passthrough(
             service, metrics, caller, body, created, include_usage, answer_format
         )
@@ -281,13 +279,16 @@ def unsupported(param: str, reason: str) -> ApiError:
 
 
 def answer_format_of(response_format: Any) -> AnswerFormat | None:
-    """The answer's required form from OpenAI's ``response_format`` (None: any text)."""
+    """The answer's required form from OpenAI's ``response_format`` (None: any text); a
+    schema that is not one is refused here, before anything is counted or started."""
     if response_format is None or response_format.type == "text":
         return None
     if response_format.type == "json_object":
         return AnswerFormat(type="json_object")
     spec = response_format.json_schema
-    return AnswerFormat(type="json_schema", name=spec.name, json_schema=spec.schema_)
+    answer_format = AnswerFormat(type="json_schema", name=spec.name, json_schema=spec.schema_)
+    answer_format.check_schema("response_format")
+    return answer_format
 
 
 def unknown_model(model: str) -> ApiError:

@@ -28,7 +28,6 @@ from conductor_api.reads import (
     load_events,
     load_workflow,
     store_feedback,
-    workflow_status,
 )
 from conductor_api.schemas import (
     EVENT_STREAM,
@@ -120,7 +119,7 @@ async def submit(
             update={"idempotency_key": idempotency_key, "request_hash": digest}
         )
         try:
-            workflow_id, created = await service.submit_once(keyed)
+            workflow_id, replayed = await service.submit_once(keyed)
         except IdempotencyConflict:
             raise ApiError(
                 409,
@@ -129,12 +128,9 @@ async def submit(
                 code="idempotency_key_reused",
                 param="Idempotency-Key",
             ) from None
-        if not created:
+        if replayed is not None:
             response.headers["Idempotent-Replayed"] = "true"
-            status = await asyncio.to_thread(
-                workflow_status, service.engine, workflow_id, caller.tenant
-            )
-            return WorkflowAccepted(id=workflow_id, status=status or "queued")
+            return WorkflowAccepted(id=workflow_id, status=replayed)
     request.app.state.metrics.workflows.labels(submission.variant.name).inc()
     return WorkflowAccepted(id=workflow_id, status="queued")
 

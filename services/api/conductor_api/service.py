@@ -75,7 +75,6 @@ class SubmitFields:
     max_steps: str = "max_steps"
     cost_weight: str = "cost_weight"
     labels: str = "metadata"
-    answer_format: str = "response_format"
 
 
 # The job API's and gRPC's names; chat completions carry the options under "conductor".
@@ -224,24 +223,24 @@ class WorkflowService(ABC):
         """One call to one worker, with the gateway's retries, quotas and costs; its fallbacks
         only among ``allowed_workers`` (the caller's key's pool; None: any)."""
 
-    async def submit_once(self, request: SubmitRequest) -> tuple[uuid.UUID, bool]:
-        """Submit a request carrying an Idempotency-Key once: (its workflow, True) the first
-        time; (the same workflow, False) when the key came before with the same request.
-        Raises IdempotencyConflict when it came with another request."""
+    async def submit_once(self, request: SubmitRequest) -> tuple[uuid.UUID, str | None]:
+        """Submit a request carrying an Idempotency-Key once: (its workflow, None) the first
+        time; (the same workflow, its status now) when the key came before with the same
+        request. Raises IdempotencyConflict when it came with another request."""
         assert request.idempotency_key is not None, "submit() takes requests without a key"
         key, tenant = request.idempotency_key, request.tenant
         async with self._idempotent:  # one check-then-submit at a time in this process
             found = await asyncio.to_thread(find_idempotent, self.engine, tenant, key)
             if found is None:
                 try:
-                    return await self.submit(request), True
+                    return await self.submit(request), None
                 except IntegrityError:  # another replica recorded the key meanwhile
                     found = await asyncio.to_thread(find_idempotent, self.engine, tenant, key)
                     if found is None:
                         raise
         if found.request_hash != request.request_hash:
             raise IdempotencyConflict(key)
-        return found.workflow_id, False
+        return found.workflow_id, found.status
 
     @abstractmethod
     async def request_cancel(self, workflow_id: uuid.UUID, reason: str) -> None:
@@ -355,15 +354,14 @@ class WorkflowService(ABC):
     ) -> SubmitRequest:
         """A request checked against every rule before anything is recorded: the question,
         the variant, max_steps, the labels, and the pool against the pool and the caller's
-        key. Errors name the field at fault as ``fields`` calls it."""
+        key. Errors name the field at fault as ``fields`` calls it. ``answer_format`` comes
+        checked by the front end that read it (its schema is one)."""
         try:
             check_question(question)
         except InvalidRequest as exc:
             raise InvalidRequest(f"{fields.question}: {exc}", param=fields.question) from None
         labels = dict(metadata or {})
         check_labels(labels, fields.labels)
-        if answer_format is not None:
-            answer_format.check_schema(fields.answer_format)
         return SubmitRequest(
             question=question,
             variant=self.variant_for(variant, max_steps, cost_weight, fields),
