@@ -75,9 +75,11 @@ class WorkflowExecutor:
         pool: Sequence[str] | None = None,
         created_at: datetime | None = None,
         answer_format: AnswerFormat | None = None,
+        tenant: str | None = None,
     ) -> WorkflowRecord:
         """Run one workflow; ``pool`` limits the workers the Conductor sees (None: all);
-        ``answer_format`` is the form its answer must take (None: any text)."""
+        ``answer_format`` is the form its answer must take (None: any text); ``tenant`` is
+        whose workflow it is (its calls take a fair turn on busy workers)."""
         check_question(question)
         entries = self.entries_for(pool)
         if not entries:
@@ -89,6 +91,7 @@ class WorkflowExecutor:
             entries=entries,
             created_at=created_at,
             answer_format=answer_format,
+            tenant=tenant,
         )
         tasks: set[asyncio.Task[Fact]] = set()
         try:
@@ -143,7 +146,10 @@ class WorkflowExecutor:
         try:
             async with asyncio.timeout(variant.step_timeout_s):
                 call = await self.gateway.call(
-                    action.worker, action.messages, allowed_workers=action.allowed_workers
+                    action.worker,
+                    action.messages,
+                    allowed_workers=action.allowed_workers,
+                    tenant=action.tenant,
                 )
         except TimeoutError:
             return StepFailed(action.step, f"no answer within {variant.step_timeout_s:g} s")

@@ -166,6 +166,7 @@ class Dispatch(BaseModel):
     dispatch: int
     # The workflow's pool: the only workers the call may reach, the worker's fallbacks included.
     allowed_workers: list[str]
+    tenant: str | None = None  # whose workflow: its calls take a fair turn on busy workers
     # The step's deadline for this send: past it the step is sent again or fails, so nobody
     # waits for the answer of this send any longer.
     expires_at: datetime
@@ -197,6 +198,8 @@ class WorkflowState(BaseModel):
     event_sequence: int = 0
     # The form the client requires of the answer (response_format); None: any text.
     answer_format: AnswerFormat | None = None
+    # Whose workflow it is (an API key's tenant); None: nobody's in particular.
+    tenant: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -218,6 +221,7 @@ class WorkflowMachine:
         entries: list[PoolEntry],
         created_at: datetime | None = None,
         answer_format: AnswerFormat | None = None,
+        tenant: str | None = None,
     ) -> WorkflowMachine:
         result = WorkflowRecord(
             workflow_id=workflow_id,
@@ -229,7 +233,11 @@ class WorkflowMachine:
             created_at=created_at or utcnow(),
         )
         state = WorkflowState(
-            result=result, variant=variant, entries=entries, answer_format=answer_format
+            result=result,
+            variant=variant,
+            entries=entries,
+            answer_format=answer_format,
+            tenant=tenant,
         )
         machine = cls(state)
         machine._emit(EventKind.STARTED, workers=[e.name for e in entries])
@@ -340,6 +348,7 @@ class WorkflowMachine:
             messages=messages,
             dispatch=sends,
             allowed_workers=[entry.name for entry in self.state.entries],
+            tenant=self.state.tenant,
             expires_at=sent_at + timedelta(seconds=self.state.variant.step_timeout_s),
         )
 

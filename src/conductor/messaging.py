@@ -63,6 +63,8 @@ class CallRequest(BaseModel):
     context: StepContext | None = None
     # Every worker the call may reach, fallbacks included; None: any worker of the pool.
     allowed_workers: list[str] | None = Field(default=None, max_length=1000)
+    # Whose call it is: calls waiting on a worker's quotas take turns between tenants.
+    tenant: str | None = Field(default=None, max_length=200)
     # When the caller stops waiting (timezone-aware): a gateway does not start the call after
     # it and abandons the call at it, retries and quota waits included. This is what bounds
     # the longest call a gateway holds, and so the grace period a stopping gateway needs.

@@ -78,9 +78,11 @@ class StepRunner(Protocol):
         messages: Sequence[ChatMessage],
         *,
         allowed_workers: Collection[str] | None = None,
+        tenant: str | None = None,
     ) -> StepCallResult:
         """``allowed_workers``: every worker the call may reach, fallbacks included (a
-        workflow's pool, an API key's pool); None: any worker of the pool."""
+        workflow's pool, an API key's pool); None: any worker of the pool. ``tenant``: whose
+        call it is, for its fair turn among calls waiting on a worker's quotas."""
         ...
 
     async def aclose(self) -> None: ...

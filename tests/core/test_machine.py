@@ -335,6 +335,32 @@ def test_the_first_step_of_a_round_gets_the_users_question() -> None:
     )
 
 
+def test_every_dispatch_names_the_workflows_tenant_and_a_resumed_state_keeps_it() -> None:
+    # Given a workflow of tenant acme with its plan applied
+    machine = WorkflowMachine.start(
+        workflow_id=WORKFLOW_ID,
+        question=QUESTION,
+        variant=ULTRA,
+        entries=list(ENTRIES),
+        created_at=T0,
+        tenant="acme",
+    )
+    request = requested(machine.advance()).request
+    plan = outcome(request.pool, step(ALPHA, "name the river"), step(BETA, "check", ALL))
+    assert machine.apply(PlanReady(0, plan))
+
+    # When its state is stored and read back, and the machine advances
+    resumed = WorkflowMachine(WorkflowState.model_validate_json(machine.state.model_dump_json()))
+    [first] = resumed.advance()
+    assert isinstance(first, Dispatch)
+    assert resumed.apply(StepSucceeded(0, answer("the Nile")))
+    [second] = resumed.advance()
+
+    # Then each dispatch carries the tenant (the gateway gives its calls their fair turn)
+    assert isinstance(second, Dispatch)
+    assert (first.tenant, second.tenant) == ("acme", "acme")
+
+
 @pytest.mark.parametrize(
     ("access", "messages"),
     [

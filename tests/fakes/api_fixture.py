@@ -17,6 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from conductor.errors import WorkerUnavailable
+from conductor.pool import Quotas
 from conductor.variants import BUILTIN_VARIANTS
 from conductor_adapters.store.db import make_engine
 from conductor_adapters.store.keys import create_key
@@ -27,10 +28,13 @@ from fakes.api_server import LiveApi, TwoStepBackend, named_pool, scripted_servi
 from fakes.distributed import distributed_stack
 from fakes.scripted import ScriptedWorker
 
-NAMES = ["alpha", "beta", "gamma", "delta", "slow", "jsoner"]
+NAMES = ["alpha", "beta", "gamma", "delta", "slow", "jsoner", "narrow"]
 SLOW_S = 60.0  # slow answers after a minute: long enough to be cancelled first
 # delta is always down, and its pool entry falls back to alpha.
 FALLBACKS = {"delta": ["alpha"]}
+# narrow takes 2 calls at once, each NARROW_S long: a worker tenants queue for.
+NARROW_S = 1.5
+QUOTAS = {"narrow": Quotas(max_concurrency=2)}
 DELTA_URL = "http://10.20.30.40:8000/v1/chat/completions"
 QUESTION = [{"role": "user", "content": "What is 6 * 7?"}]
 # alpha solves with the question alone; beta checks with alpha's turn (3 messages in all).
@@ -50,6 +54,7 @@ def scripted_workers() -> list[ScriptedWorker]:
         ScriptedWorker("delta", fail_with=WorkerUnavailable(f"delta is down at {DELTA_URL}")),
         ScriptedWorker("slow", delay_s=SLOW_S),
         ScriptedWorker("jsoner", answer=json_when_asked),
+        ScriptedWorker("narrow", delay_s=NARROW_S, answer=_answer("narrow")),
     ]
 
 
@@ -102,14 +107,16 @@ def running_api(
         if request.param == "embedded":
             database = tmp_path_factory.mktemp("api") / "conductor.db"
             server = LiveApi(
-                lambda: scripted_service(f"sqlite:///{database}", workers, fallbacks=FALLBACKS)
+                lambda: scripted_service(
+                    f"sqlite:///{database}", workers, fallbacks=FALLBACKS, quotas=QUOTAS
+                )
             )
         else:
             database_url: str = request.getfixturevalue("module_postgres_url")
             redis_url: str = request.getfixturevalue("redis_url")
             prefix: str = request.getfixturevalue("module_redis_prefix")
             running = stack.enter_context(distributed_stack(database_url, redis_url, prefix))
-            pool = named_pool(NAMES, fallbacks=FALLBACKS)
+            pool = named_pool(NAMES, fallbacks=FALLBACKS, quotas=QUOTAS)
             running.configure(TwoStepBackend(), pool, {w.name: w for w in workers})
 
             def distributed_service() -> DistributedWorkflows:

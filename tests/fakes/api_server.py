@@ -15,7 +15,7 @@ from typing import Any
 
 from conductor.chat import ChatMessage, Completion, Usage
 from conductor.executor import WorkflowExecutor
-from conductor.pool import Price
+from conductor.pool import Price, Quotas
 from conductor.ports import PlanFormat
 from conductor.variants import BUILTIN_VARIANTS
 from conductor_adapters.loop_thread import LoopThread
@@ -122,11 +122,12 @@ def scripted_service(
     workers: Sequence[ScriptedWorker],
     price: Price | None = None,
     fallbacks: Mapping[str, Sequence[str]] | None = None,
+    quotas: Mapping[str, Quotas] | None = None,
 ) -> EmbeddedWorkflows:
     """The embedded service around the two-step Conductor and scripted workers."""
     upgrade(database_url)
     engine = make_engine(database_url)
-    pool = named_pool([w.name for w in workers], price, fallbacks)
+    pool = named_pool([w.name for w in workers], price, fallbacks, quotas)
     gateway = scripted_gateway(pool, {w.name: w for w in workers})
     store = TraceStore(engine, pool)
     executor = WorkflowExecutor(

@@ -203,7 +203,9 @@ def distributed_stack(database_url: str, redis_url: str, prefix: str) -> Iterato
         with start_worker(
             stack.app,
             pool="threads",
-            concurrency=32,
+            # Enough threads for a hundred calls waiting on a worker's quota (the fairness
+            # tests) beside the aggregator's tasks.
+            concurrency=160,
             perform_ping_check=False,
             loglevel="WARNING",
             queues=[AGGREGATOR_QUEUE, *GATEWAY_QUEUES],

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conductor.chat import ChatMessage, Completion, Usage
-from conductor.pool import Pool, Price, Provider, WorkerSpec
+from conductor.pool import Pool, Price, Provider, Quotas, WorkerSpec
 from conductor.ports import ChatWorker, PlanFormat
 from conductor.streaming import StreamEnd, StreamEvent, TextDelta
 from conductor_gateway.gateway import WorkerGateway
@@ -89,9 +89,10 @@ def named_pool(
     names: Sequence[str],
     price: Price | None = None,
     fallbacks: Mapping[str, Sequence[str]] | None = None,
+    quotas: Mapping[str, Quotas] | None = None,
 ) -> Pool:
     """Workers ``names`` (described as "worker NAME"), never reached over the network."""
-    fallbacks = fallbacks or {}
+    fallbacks, quotas = fallbacks or {}, quotas or {}
     return Pool(
         workers=tuple(
             WorkerSpec(
@@ -102,6 +103,7 @@ def named_pool(
                 description=f"worker {n}",
                 price=price or Price(),
                 fallbacks=tuple(fallbacks.get(n, ())),
+                quotas=quotas.get(n, Quotas()),
             )
             for n in names
         )

@@ -21,6 +21,7 @@ from conductor.chat import ChatMessage
 from conductor.pool import Quotas
 from conductor_gateway.quotas import (
     FREE_LEASE,
+    MAX_POLL_S,
     MemoryQuotas,
     QuotaConfig,
     QuotaLease,
@@ -191,6 +192,143 @@ async def test_concurrency_never_exceeds_max_and_every_call_completes(stores: St
     # Then all 6 completed and never more than 2 held a lease at the same time
     assert done == 6
     assert peak == 2
+
+
+async def hold_in_turn(
+    store: QuotaStore,
+    quotas: Quotas,
+    tenant: str,
+    name: str,
+    granted: list[str],
+    hold_s: float,
+) -> None:
+    """One call: wait for its turn, note its name when let through, hold the lease."""
+    lease = await store.acquire(WORKER, quotas, 10, tenant=tenant)
+    granted.append(name)
+    await asyncio.sleep(hold_s)
+    await lease.settle(8)
+
+
+async def test_another_tenants_call_does_not_queue_behind_a_busy_tenants(stores: Stores) -> None:
+    # Given tenant A's 30 calls waiting for a worker allowed 2 at once, each holding it 0.2 s
+    store = stores.make(QuotaConfig(window_s=1.0, skew_s=0.05, lease_s=5.0))
+    quotas = Quotas(max_concurrency=2)
+    granted: list[str] = []
+    a_calls = [
+        asyncio.create_task(hold_in_turn(store, quotas, "A", f"A{i}", granted, 0.2))
+        for i in range(30)
+    ]
+    await asyncio.sleep(0.5)
+    granted_before_b = len(granted)
+
+    # When tenant B sends one call
+    started = time.monotonic()
+    await asyncio.wait_for(hold_in_turn(store, quotas, "B", "B", granted, 0.0), timeout=10)
+    b_waited = time.monotonic() - started
+
+    # Then B is let through among the next two calls, not behind A's 25-odd waiting calls
+    assert granted.index("B") - granted_before_b <= 1, granted
+    assert b_waited < 2 * 0.2 + 2 * MAX_POLL_S * 1.2, b_waited
+    # And A's calls all complete
+    await asyncio.wait_for(asyncio.gather(*a_calls), timeout=20)
+    assert sorted(int(name[1:]) for name in granted if name != "B") == list(range(30))
+
+
+async def test_one_tenants_calls_are_let_through_in_the_order_they_came(stores: Stores) -> None:
+    # Given a worker allowed 1 call at once, held by a first call
+    store = stores.make(QuotaConfig(window_s=1.0, skew_s=0.05, lease_s=5.0))
+    quotas = Quotas(max_concurrency=1)
+    first = await store.acquire(WORKER, quotas, 10, tenant="A")
+    granted: list[str] = []
+
+    # When 6 more calls of the tenant arrive one after another, then the first settles
+    waiting = []
+    for i in range(6):
+        waiting.append(
+            asyncio.create_task(hold_in_turn(store, quotas, "A", f"A{i}", granted, 0.05))
+        )
+        await asyncio.sleep(0.02)
+    await first.settle(8)
+    await asyncio.wait_for(asyncio.gather(*waiting), timeout=10)
+
+    # Then they were let through first come, first served
+    assert granted == [f"A{i}" for i in range(6)]
+
+
+async def test_tenants_take_turns_when_both_have_many_calls_waiting(stores: Stores) -> None:
+    # Given a worker allowed 1 call at once, held, and 6 calls of A then 6 of B waiting
+    store = stores.make(QuotaConfig(window_s=1.0, skew_s=0.05, lease_s=5.0))
+    quotas = Quotas(max_concurrency=1)
+    first = await store.acquire(WORKER, quotas, 10, tenant="A")
+    granted: list[str] = []
+    waiting = []
+    for tenant in "AB":
+        for i in range(6):
+            call = hold_in_turn(store, quotas, tenant, f"{tenant}{i}", granted, 0.02)
+            waiting.append(asyncio.create_task(call))
+            await asyncio.sleep(0.01)
+
+    # When the slot frees
+    await first.settle(8)
+    await asyncio.wait_for(asyncio.gather(*waiting), timeout=15)
+
+    # Then the tenants alternate (A's first call came first), not A's six then B's six
+    assert [name[0] for name in granted] == list("ABABABABABAB"), granted
+
+
+async def test_a_cancelled_waiter_leaves_the_line_and_its_tenant_starts_level(
+    stores: Stores,
+) -> None:
+    # Given a held slot, A's 5 calls waiting, then B's 3
+    store = stores.make(QuotaConfig(window_s=1.0, skew_s=0.05, lease_s=5.0))
+    quotas = Quotas(max_concurrency=1)
+    first = await store.acquire(WORKER, quotas, 10, tenant="C")
+    granted: list[str] = []
+    a_calls = []
+    for i in range(5):
+        a_calls.append(
+            asyncio.create_task(hold_in_turn(store, quotas, "A", f"A{i}", granted, 0.02))
+        )
+        await asyncio.sleep(0.01)
+    b_calls = []
+    for i in range(3):
+        b_calls.append(
+            asyncio.create_task(hold_in_turn(store, quotas, "B", f"B{i}", granted, 0.02))
+        )
+        await asyncio.sleep(0.01)
+
+    # When A's calls are cancelled while they wait, A sends one more, and the slot frees
+    for task in a_calls:
+        task.cancel()
+    await asyncio.gather(*a_calls, return_exceptions=True)
+    late = asyncio.create_task(hold_in_turn(store, quotas, "A", "A-late", granted, 0.02))
+    await asyncio.sleep(0.05)
+    await first.settle(8)
+    await asyncio.wait_for(asyncio.gather(*b_calls, late), timeout=10)
+
+    # Then no cancelled call was let through, and A's new call was not put behind the tags of
+    # its cancelled ones: it went second, after B's first
+    assert granted == ["B0", "A-late", "B1", "B2"], granted
+
+
+async def test_rpm_lets_another_tenant_into_the_next_window(stores: Stores) -> None:
+    # Given rpm=2 in a 0.5 s window, and tenant A's 8 calls waiting on it
+    store = stores.make(QuotaConfig(window_s=0.5, skew_s=0.02, lease_s=5.0))
+    quotas = Quotas(rpm=2)
+    granted: list[str] = []
+    a_calls = [
+        asyncio.create_task(hold_in_turn(store, quotas, "A", f"A{i}", granted, 0.0))
+        for i in range(8)
+    ]
+    await asyncio.sleep(0.1)
+
+    # When tenant B sends one call
+    granted_before_b = len(granted)
+    await asyncio.wait_for(hold_in_turn(store, quotas, "B", "B", granted, 0.0), timeout=10)
+
+    # Then it is among the two calls of the next window
+    assert granted.index("B") - granted_before_b <= 1, granted
+    await asyncio.wait_for(asyncio.gather(*a_calls), timeout=10)
 
 
 async def test_tpm_makes_the_call_that_does_not_fit_wait_for_the_window(stores: Stores) -> None:
@@ -386,6 +524,34 @@ async def test_a_dead_holders_slot_is_freed_while_live_holders_keep_the_key(
     await settle_all([live, lease])
 
 
+async def test_a_waiter_that_stops_looking_loses_its_place_after_the_grace(
+    redis_stores: Stores,
+) -> None:
+    # Given a held slot, and first in line a call whose process died while it waited: it
+    # joined the line once and never looked again
+    grace_s = 0.5
+    config = QuotaConfig(window_s=1.0, skew_s=0.05, lease_s=5.0, wait_grace_s=grace_s)
+    store = redis_stores.make(config)
+    assert isinstance(store, RedisQuotas)
+    quotas = Quotas(max_concurrency=1)
+    held = await store.acquire(WORKER, quotas, 10, tenant="A")
+    dead_args = ["0-dead-waiter", 0, 0, 1, 10, 1050, 5000, int(MAX_POLL_S * 1000), "A", 500]
+    taken, _ = await store._acquire(keys=store.keys(WORKER), args=dead_args)
+    assert int(taken) == 0
+
+    # When the slot frees and a live call asks for it
+    await held.settle(8)
+    started = time.monotonic()
+    lease = await asyncio.wait_for(store.acquire(WORKER, quotas, 10, tenant="B"), timeout=5)
+    elapsed = time.monotonic() - started
+
+    # Then the live call waited for the dead one's next look (due within 0.3 s) plus the grace,
+    # and the dead one is out of line
+    assert MAX_POLL_S + grace_s * 0.9 <= elapsed <= MAX_POLL_S * 1.2 + grace_s + 0.5, elapsed
+    assert await store.client.zcard(store.keys(WORKER)[4]) == 0
+    await lease.settle(8)
+
+
 async def test_only_leases_with_a_concurrency_limit_renew(redis_stores: Stores) -> None:
     store = redis_stores.make(QuotaConfig(window_s=0.5, skew_s=0.05, lease_s=1.0))
 
@@ -462,13 +628,16 @@ async def test_settle_returns_even_when_it_lands_during_a_renewal(
 
 async def test_quota_keys_expire_so_idle_workers_leave_nothing(redis_stores: Stores) -> None:
     # Given a call that touched every limit
-    config = QuotaConfig(window_s=0.3, skew_s=0.05, lease_s=0.3)
+    config = QuotaConfig(window_s=0.3, skew_s=0.05, lease_s=0.3, wait_grace_s=0.1)
     store = redis_stores.make(config)
     assert isinstance(store, RedisQuotas)
     lease = await store.acquire(WORKER, Quotas(rpm=5, tpm=1000, max_concurrency=2), 20)
 
-    # Then each of its four keys has a TTL, no longer than its window (or lease) plus 1 s
-    req, tok, tokn, conc = store.keys(WORKER)
+    # Then each of its keys has a TTL, no longer than its window (or lease) plus 1 s; the line
+    # is empty, and its state's TTL is two windows plus the grace plus 1 s
+    req, tok, tokn, conc, wait, wexp, wcall, fair = store.keys(WORKER)
+    assert [await store.client.exists(key) for key in (wait, wexp, wcall)] == [0, 0, 0]
+    assert 0 < await store.client.pttl(fair) <= 2 * config.hold_s * 1000 + 100 + 1000
     hold_ms = config.hold_s * 1000 + 1000
     for key, longest_ms in ((req, hold_ms), (tok, hold_ms), (tokn, hold_ms)):
         assert 0 < await store.client.pttl(key) <= longest_ms, key
@@ -477,7 +646,7 @@ async def test_quota_keys_expire_so_idle_workers_leave_nothing(redis_stores: Sto
     # When the call settles with its real count and the worker stays idle
     await lease.settle(12)
     assert 0 < await store.client.pttl(tokn) <= hold_ms  # the settle keeps the TTL
-    for _ in range(30):  # up to 3 s; the longest TTL is 1.35 s
+    for _ in range(40):  # up to 4 s; the longest TTL is 1.8 s
         if not await redis_stores.keys():
             break
         await asyncio.sleep(0.1)

@@ -170,6 +170,7 @@ class Aggregator:
             entries=entries,
             created_at=run.created_at,
             answer_format=request.answer_format,
+            tenant=request.tenant,
         )
         if unknown:
             machine.apply(Aborted(f"workers not in the pool: {', '.join(unknown)}"))
@@ -323,6 +324,7 @@ class Aggregator:
                     workflow_id=str(workflow_id), step=action.step, dispatch=action.dispatch
                 ),
                 allowed_workers=action.allowed_workers,
+                tenant=action.tenant,
                 expires_at=action.expires_at,
             )
             queue = queue_for(self.pool.get(action.worker))

@@ -504,7 +504,9 @@ def worker_call(
         messages = [*messages, ChatMessage(role="system", content=answer_format.instruction())]
 
     async def call() -> StepCallResult:
-        result = await service.passthrough(worker, messages, allowed_workers=caller.allowed_pool)
+        result = await service.passthrough(
+            worker, messages, allowed_workers=caller.allowed_pool, tenant=caller.tenant
+        )
         if answer_format is None:
             return result
         try:

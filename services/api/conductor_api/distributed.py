@@ -94,8 +94,11 @@ class DistributedWorkflows(WorkflowService):
         messages: Sequence[ChatMessage],
         *,
         allowed_workers: Collection[str] | None = None,
+        tenant: str | None = None,
     ) -> StepCallResult:
-        return await self.runner.call(worker, messages, allowed_workers=allowed_workers)
+        return await self.runner.call(
+            worker, messages, allowed_workers=allowed_workers, tenant=tenant
+        )
 
     def poll_interval_s(self, workflow_id: uuid.UUID) -> float:
         return ANNOUNCED_POLL_S if self._subscribed else POLL_INTERVAL_S

@@ -123,6 +123,7 @@ class EmbeddedWorkflows(WorkflowService):
                 pool=request.pool,
                 created_at=now,
                 answer_format=request.answer_format,
+                tenant=request.tenant,
             ),
             name=f"workflow-{workflow_id}",
         )
@@ -167,8 +168,11 @@ class EmbeddedWorkflows(WorkflowService):
         messages: Sequence[ChatMessage],
         *,
         allowed_workers: Collection[str] | None = None,
+        tenant: str | None = None,
     ) -> StepCallResult:
-        return await self.gateway.call(worker, messages, allowed_workers=allowed_workers)
+        return await self.gateway.call(
+            worker, messages, allowed_workers=allowed_workers, tenant=tenant
+        )
 
     async def readiness(self) -> dict[str, str]:
         def ping() -> None:

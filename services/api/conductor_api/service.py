@@ -219,9 +219,11 @@ class WorkflowService(ABC):
         messages: Sequence[ChatMessage],
         *,
         allowed_workers: Collection[str] | None = None,
+        tenant: str | None = None,
     ) -> StepCallResult:
         """One call to one worker, with the gateway's retries, quotas and costs; its fallbacks
-        only among ``allowed_workers`` (the caller's key's pool; None: any)."""
+        only among ``allowed_workers`` (the caller's key's pool; None: any); ``tenant``'s
+        fair turn among calls waiting on the worker's quotas."""
 
     async def submit_once(self, request: SubmitRequest) -> tuple[uuid.UUID, str | None]:
         """Submit a request carrying an Idempotency-Key once: (its workflow, None) the first

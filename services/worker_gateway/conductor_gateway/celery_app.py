@@ -150,7 +150,10 @@ class GatewayProcess:
         try:
             async with asyncio.timeout(left_s):
                 result = await self.gateway.call(
-                    request.worker, request.messages, allowed_workers=request.allowed_workers
+                    request.worker,
+                    request.messages,
+                    allowed_workers=request.allowed_workers,
+                    tenant=request.tenant,
                 )
             return CallReply(**base, ok=True, result=result, attempts=result.attempts)
         except TimeoutError:

@@ -57,6 +57,7 @@ class QueuedStepRunner:
         messages: Sequence[ChatMessage],
         *,
         allowed_workers: Collection[str] | None = None,
+        tenant: str | None = None,
     ) -> StepCallResult:
         spec = self.pool.get(worker)
         request = CallRequest(
@@ -65,6 +66,7 @@ class QueuedStepRunner:
             messages=list(messages),
             reply_to=self.reply_to,
             allowed_workers=None if allowed_workers is None else sorted(allowed_workers),
+            tenant=tenant,
             # The gateway gives up when this caller does: no call outlives its waiter.
             expires_at=datetime.now(UTC) + timedelta(seconds=self.reply_timeout_s),
         )

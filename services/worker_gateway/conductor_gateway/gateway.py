@@ -81,6 +81,7 @@ class WorkerGateway:
         messages: Sequence[ChatMessage],
         *,
         allowed_workers: Collection[str] | None = None,
+        tenant: str | None = None,
     ) -> StepCallResult:
         spec = self.pool.get(worker)
         allowed = None if allowed_workers is None else frozenset(allowed_workers)
@@ -98,7 +99,9 @@ class WorkerGateway:
             if name != worker and self.metrics is not None:
                 self.metrics.fallback(self.pool.get(name))
             try:
-                completion = await self._call_with_retries(self.pool.get(name), messages, attempts)
+                completion = await self._call_with_retries(
+                    self.pool.get(name), messages, attempts, tenant
+                )
             except WorkerError as exc:
                 errors.append(f"{name}: {type(exc).__name__}: {exc}")
                 if not (exc.retryable or isinstance(exc, FALLBACK_ON)):
@@ -116,12 +119,16 @@ class WorkerGateway:
         raise StepCallFailed("; ".join(errors) or f"{worker}: no attempt made", attempts)
 
     async def _call_with_retries(
-        self, spec: WorkerSpec, messages: Sequence[ChatMessage], attempts: list[AttemptRecord]
+        self,
+        spec: WorkerSpec,
+        messages: Sequence[ChatMessage],
+        attempts: list[AttemptRecord],
+        tenant: str | None,
     ) -> Completion:
         for tries in range(1, self.policy.max_attempts + 1):
             made = len(attempts)
             try:
-                completion = await self._attempt(spec, messages, attempts)
+                completion = await self._attempt(spec, messages, attempts, tenant)
             except WorkerError as exc:
                 self._observe(spec, attempts, made)
                 if not self.policy.should_retry(exc, tries):
@@ -148,11 +155,16 @@ class WorkerGateway:
             self.metrics.attempt(spec, attempts[-1])
 
     async def _attempt(
-        self, spec: WorkerSpec, messages: Sequence[ChatMessage], attempts: list[AttemptRecord]
+        self,
+        spec: WorkerSpec,
+        messages: Sequence[ChatMessage],
+        attempts: list[AttemptRecord],
+        tenant: str | None,
     ) -> Completion:
-        """One provider call under the worker's quotas; recorded whatever happens."""
+        """One provider call under the worker's quotas (taking the tenant's fair turn among the
+        calls waiting); recorded whatever happens."""
         estimate = estimate_tokens(messages, spec.max_tokens)
-        lease = await self.quotas.acquire(spec.name, spec.quotas, estimate)
+        lease = await self.quotas.acquire(spec.name, spec.quotas, estimate, tenant)
         started_at, clock = datetime.now(UTC), time.perf_counter()
         record = AttemptRecord(
             number=len(attempts) + 1,

@@ -6,6 +6,11 @@ the estimate is replaced by the real count and the slot is freed. A call over qu
 room (never dropped). Windows slide (any 60 s span, not clock minutes), so a provider counting
 its own way never sees a burst at a minute boundary.
 
+Waiting calls take their turn fairly between tenants (start-time fair queueing): each waiting
+call gets a tag, one more than the later of its tenant's last tag and the tag of the last call
+let through, and room goes to the lowest tags first (ties: first come). So a tenant with a
+hundred calls waiting queues behind itself, and another tenant's first call is next in line.
+
 Two stores implement the same rules: ``MemoryQuotas`` for one process (embedded mode) and
 ``RedisQuotas`` (quotas_redis.py), shared by every gateway replica, each check-and-take one
 atomic Lua script.
@@ -38,6 +43,9 @@ class QuotaConfig:
     skew_s: float = 0.25
     # A concurrency slot whose holder stops renewing it (the process died) is freed after this.
     lease_s: float = 30.0
+    # A waiting call that stops looking for room (its process died) loses its place in line
+    # this long after its next look was due.
+    wait_grace_s: float = 5.0
 
     @property
     def hold_s(self) -> float:
@@ -55,8 +63,11 @@ class QuotaLease(Protocol):
 
 
 class QuotaStore(Protocol):
-    async def acquire(self, worker: str, quotas: Quotas, tokens: int) -> QuotaLease:
-        """Wait until the call fits every limit, then take its share; returns the lease."""
+    async def acquire(
+        self, worker: str, quotas: Quotas, tokens: int, tenant: str | None = None
+    ) -> QuotaLease:
+        """Wait until the call fits every limit and its turn among the waiting calls has come
+        (fair between tenants; None is one tenant of its own), then take its share."""
 
 
 def estimate_tokens(messages: Sequence[ChatMessage], max_tokens: int) -> int:
@@ -70,6 +81,12 @@ def limited(quotas: Quotas) -> bool:
     return any(v is not None for v in (quotas.rpm, quotas.tpm, quotas.max_concurrency))
 
 
+def new_lease_id() -> str:
+    """Unique, and in order of creation (the time first): ties in the fair order go to the call
+    that came first."""
+    return f"{time.time_ns():016x}{uuid.uuid4().hex[:12]}"
+
+
 def reserve(quotas: Quotas, tokens: int) -> int:
     # A call larger than the whole TPM budget would never fit: it reserves the whole window.
     return min(tokens, quotas.tpm) if quotas.tpm else tokens
@@ -81,12 +98,51 @@ async def wait_a_little(seconds: float) -> None:
 
 
 @dataclass
+class _Waiter:
+    tag: int
+    lease_id: str
+    tenant: str
+    tokens: int
+
+    @property
+    def order(self) -> tuple[int, str]:
+        return self.tag, self.lease_id
+
+
+@dataclass
 class _Window:
     """One worker's state in memory: the same rules as the Lua script."""
 
     requests: deque[float] = field(default_factory=deque)
     tokens: dict[str, tuple[float, int]] = field(default_factory=dict)
     in_flight: set[str] = field(default_factory=set)
+    waiters: dict[str, _Waiter] = field(default_factory=dict)
+    # Per tenant with calls waiting: its last tag, and how many of its calls wait.
+    last_tag: dict[str, int] = field(default_factory=dict)
+    waiting: dict[str, int] = field(default_factory=dict)
+    virtual_tag: int = 0  # the tag of the last call let through
+
+    def join(self, lease_id: str, tenant: str, tokens: int) -> _Waiter:
+        waiter = self.waiters.get(lease_id)
+        if waiter is None:
+            tag = max(self.virtual_tag, self.last_tag.get(tenant, 0)) + 1
+            waiter = self.waiters[lease_id] = _Waiter(tag, lease_id, tenant, tokens)
+            self.last_tag[tenant] = tag
+            self.waiting[tenant] = self.waiting.get(tenant, 0) + 1
+        return waiter
+
+    def leave(self, lease_id: str) -> None:
+        waiter = self.waiters.pop(lease_id, None)
+        if waiter is None:
+            return
+        self.waiting[waiter.tenant] -= 1
+        if not self.waiting[waiter.tenant]:  # its next call starts level with the others
+            del self.waiting[waiter.tenant], self.last_tag[waiter.tenant]
+
+    def ahead_of(self, waiter: _Waiter) -> list[_Waiter]:
+        return sorted(
+            (w for w in self.waiters.values() if w.order < waiter.order), key=lambda w: w.order
+        )
 
 
 class MemoryQuotas:
@@ -97,21 +153,33 @@ class MemoryQuotas:
         self._windows: dict[str, _Window] = {}
         self._lock = threading.Lock()
 
-    async def acquire(self, worker: str, quotas: Quotas, tokens: int) -> QuotaLease:
+    async def acquire(
+        self, worker: str, quotas: Quotas, tokens: int, tenant: str | None = None
+    ) -> QuotaLease:
         if not limited(quotas):
             return FREE_LEASE
-        lease_id, tokens = uuid.uuid4().hex, reserve(quotas, tokens)
+        lease_id, tokens = new_lease_id(), reserve(quotas, tokens)
         started = time.monotonic()
-        while True:
-            wait = self._try_take(worker, quotas, lease_id, tokens)
-            if wait is None:
-                return _MemoryLease(self, worker, lease_id, time.monotonic() - started)
-            await wait_a_little(wait)
+        try:
+            while True:
+                wait = self._try_take(worker, quotas, lease_id, tokens, tenant or "")
+                if wait is None:
+                    return _MemoryLease(self, worker, lease_id, time.monotonic() - started)
+                await wait_a_little(wait)
+        except BaseException:
+            with self._lock:  # a call that stops waiting (cancelled) leaves the line
+                window = self._windows.get(worker)
+                if window is not None:
+                    window.leave(lease_id)
+            raise
 
-    def _try_take(self, worker: str, quotas: Quotas, lease_id: str, tokens: int) -> float | None:
+    def _try_take(
+        self, worker: str, quotas: Quotas, lease_id: str, tokens: int, tenant: str
+    ) -> float | None:
         hold = self.config.hold_s
         with self._lock:
             window = self._windows.setdefault(worker, _Window())
+            waiter = window.join(lease_id, tenant, tokens)
             now = time.monotonic()
             while window.requests and window.requests[0] <= now - hold:
                 window.requests.popleft()
@@ -124,8 +192,12 @@ class MemoryQuotas:
                 wait = max(wait, _tokens_wait(window, quotas.tpm, tokens, now, hold))
             if quotas.max_concurrency and len(window.in_flight) >= quotas.max_concurrency:
                 wait = max(wait, MAX_POLL_S)
+            if wait == 0 and not _room_for_those_ahead(window, quotas, waiter):
+                wait = MAX_POLL_S  # the calls ahead in line go first
             if wait > 0:
                 return wait
+            window.leave(lease_id)
+            window.virtual_tag = max(window.virtual_tag, waiter.tag)
             if quotas.rpm:
                 window.requests.append(now)
             if quotas.tpm:
@@ -140,6 +212,21 @@ class MemoryQuotas:
             window.in_flight.discard(lease_id)
             if tokens is not None and lease_id in window.tokens:
                 window.tokens[lease_id] = (window.tokens[lease_id][0], tokens)
+
+
+def _room_for_those_ahead(window: _Window, quotas: Quotas, waiter: _Waiter) -> bool:
+    """Whether the calls waiting ahead of ``waiter`` fit beside it: if not, they go first."""
+    ahead = window.ahead_of(waiter)
+    if not ahead:
+        return True
+    if quotas.rpm and len(window.requests) + len(ahead) >= quotas.rpm:
+        return False
+    if quotas.max_concurrency and len(window.in_flight) + len(ahead) >= quotas.max_concurrency:
+        return False
+    if quotas.tpm:
+        used = sum(count for _, count in window.tokens.values())
+        return used + sum(w.tokens for w in ahead) + waiter.tokens <= quotas.tpm
+    return True
 
 
 def _tokens_wait(window: _Window, tpm: int, tokens: int, now: float, hold: float) -> float:

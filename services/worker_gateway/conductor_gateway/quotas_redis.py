@@ -9,6 +9,12 @@ Keys, per worker (the ``{worker}`` hash tag keeps them in one Redis Cluster slot
   {prefix}quota:{worker}:tok   sorted set, lease id -> time it was counted (TPM window)
   {prefix}quota:{worker}:tokn  hash, lease id -> tokens (the estimate, then the real count)
   {prefix}quota:{worker}:conc  sorted set, lease id -> lease expiry (calls in flight)
+  {prefix}quota:{worker}:wait  sorted set, lease id -> tag (the calls waiting, in fair order)
+  {prefix}quota:{worker}:wexp  sorted set, lease id -> when a waiter that stopped looking is
+                               presumed dead and leaves the line
+  {prefix}quota:{worker}:wcall hash, lease id -> "tokens:tenant" of each waiting call
+  {prefix}quota:{worker}:fair  hash: "vt" the tag of the last call let through; per tenant
+                               with calls waiting, "t:TENANT" its last tag, "n:TENANT" how many
 A holder renews its concurrency lease while its call runs; a holder that dies stops renewing
 and its slot is freed when the lease expires.
 """
@@ -18,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -30,20 +35,41 @@ from conductor_gateway.quotas import (
     QuotaConfig,
     QuotaLease,
     limited,
+    new_lease_id,
     reserve,
     wait_a_little,
 )
 
 logger = logging.getLogger(__name__)
 
-# ARGV: lease id, rpm, tpm, max concurrency (0 = no limit), tokens, hold ms, lease ms.
-# Returns {1, 0} when taken, {0, wait_ms} when the call must wait.
-ACQUIRE = """
+# Removes a waiter from the line (KEYS[5..8]); a tenant left with none forgets its last tag, so
+# its next call starts level with the others.
+LEAVE_LINE = """
+local function leave(w)
+  local call = redis.call('HGET', KEYS[7], w)
+  redis.call('ZREM', KEYS[5], w)
+  redis.call('ZREM', KEYS[6], w)
+  redis.call('HDEL', KEYS[7], w)
+  if call then
+    local tenant = string.match(call, '^%d+:(.*)$')
+    if redis.call('HINCRBY', KEYS[8], 'n:' .. tenant, -1) <= 0 then
+      redis.call('HDEL', KEYS[8], 'n:' .. tenant, 't:' .. tenant)
+    end
+  end
+end
+"""
+
+# ARGV: lease id, rpm, tpm, max concurrency (0 = no limit), tokens, hold ms, lease ms, poll ms,
+# tenant, grace ms. Returns {1, 0} when taken, {0, wait_ms} when the call must wait.
+ACQUIRE = (
+    LEAVE_LINE
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id = ARGV[1]
 local rpm, tpm, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local tokens, hold, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local poll, tenant, grace = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - hold)
 local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - hold)
 for i = 1, #old do
@@ -51,13 +77,26 @@ for i = 1, #old do
   redis.call('HDEL', KEYS[3], old[i])
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now)) do leave(w) end
+-- Join the line (once): one past the later of the tenant's last tag and the last let through.
+local tag = redis.call('ZSCORE', KEYS[5], id)
+if not tag then
+  local vt = tonumber(redis.call('HGET', KEYS[8], 'vt') or '0')
+  local last = tonumber(redis.call('HGET', KEYS[8], 't:' .. tenant) or '0')
+  tag = math.max(vt, last) + 1
+  redis.call('ZADD', KEYS[5], tag, id)
+  redis.call('HSET', KEYS[7], id, tokens .. ':' .. tenant)
+  redis.call('HSET', KEYS[8], 't:' .. tenant, tag)
+  redis.call('HINCRBY', KEYS[8], 'n:' .. tenant, 1)
+end
+tag = tonumber(tag)
 local wait = 0
 if rpm > 0 and redis.call('ZCARD', KEYS[1]) >= rpm then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   wait = math.max(wait, tonumber(first[2]) + hold - now)
 end
+local used = 0
 if tpm > 0 then
-  local used = 0
   for _, v in ipairs(redis.call('HVALS', KEYS[3])) do used = used + tonumber(v) end
   local excess = used + tokens - tpm
   if excess > 0 then
@@ -74,11 +113,38 @@ if tpm > 0 then
   end
 end
 if conc > 0 and redis.call('ZCARD', KEYS[4]) >= conc then
-  wait = math.max(wait, tonumber(ARGV[8]))
+  wait = math.max(wait, poll)
 end
+-- Room for this call: the calls ahead in line must fit beside it, or they go first.
+local rank = redis.call('ZRANK', KEYS[5], id)
+if wait == 0 and rank > 0 then
+  if rpm > 0 and redis.call('ZCARD', KEYS[1]) + rank >= rpm then wait = poll end
+  if conc > 0 and redis.call('ZCARD', KEYS[4]) + rank >= conc then wait = poll end
+  if wait == 0 and tpm > 0 then
+    local need = used + tokens
+    for _, w in ipairs(redis.call('ZRANGE', KEYS[5], 0, rank - 1)) do
+      local call = redis.call('HGET', KEYS[7], w)
+      need = need + tonumber(string.match(call or '0:', '^(%d+):'))
+      if need > tpm then
+        wait = poll
+        break
+      end
+    end
+  end
+end
+local ttl = 2 * hold + grace + 1000
 if wait > 0 then
-  return {0, math.max(1, math.ceil(wait))}
+  wait = math.max(1, math.ceil(wait))
+  -- Looks again in wait * 1.2 at most (jitter); presumed dead if it has not by then plus grace.
+  redis.call('ZADD', KEYS[6], now + math.ceil(wait * 1.2) + grace, id)
+  for i = 5, 8 do redis.call('PEXPIRE', KEYS[i], ttl) end
+  return {0, wait}
 end
+leave(id)
+if tag > tonumber(redis.call('HGET', KEYS[8], 'vt') or '0') then
+  redis.call('HSET', KEYS[8], 'vt', tag)
+end
+redis.call('PEXPIRE', KEYS[8], ttl)
 if rpm > 0 then
   redis.call('ZADD', KEYS[1], now, id)
   redis.call('PEXPIRE', KEYS[1], hold + 1000)
@@ -95,6 +161,10 @@ if conc > 0 then
 end
 return {1, 0}
 """
+)
+
+# A call that stops waiting (cancelled) leaves the line. ARGV: lease id.
+LEAVE = LEAVE_LINE + "leave(ARGV[1])\nreturn 1\n"
 
 # ARGV: lease id, real tokens (-1 = keep the estimate). Frees the slot, settles the tokens.
 SETTLE = """
@@ -129,15 +199,21 @@ class RedisQuotas:
         self._acquire = client.register_script(ACQUIRE)
         self._settle = client.register_script(SETTLE)
         self._renew = client.register_script(RENEW)
+        self._leave = client.register_script(LEAVE)
 
     def keys(self, worker: str) -> list[str]:
         base = f"{self.prefix}quota:{{{worker}}}"
-        return [f"{base}:req", f"{base}:tok", f"{base}:tokn", f"{base}:conc"]
+        return [
+            f"{base}:{name}"
+            for name in ("req", "tok", "tokn", "conc", "wait", "wexp", "wcall", "fair")
+        ]
 
-    async def acquire(self, worker: str, quotas: Quotas, tokens: int) -> QuotaLease:
+    async def acquire(
+        self, worker: str, quotas: Quotas, tokens: int, tenant: str | None = None
+    ) -> QuotaLease:
         if not limited(quotas):  # nothing to count: no round trip to Redis
             return FREE_LEASE
-        lease_id = uuid.uuid4().hex
+        lease_id = new_lease_id()
         keys = self.keys(worker)
         args: list[str | int] = [
             lease_id,
@@ -148,17 +224,29 @@ class RedisQuotas:
             int(self.config.hold_s * 1000),
             int(self.config.lease_s * 1000),
             int(MAX_POLL_S * 1000),
+            tenant or "",
+            int(self.config.wait_grace_s * 1000),
         ]
         started = time.monotonic()
-        while True:
-            taken, wait_ms = await self._acquire(keys=keys, args=args)
-            if int(taken) == 1:
-                break
-            await wait_a_little(int(wait_ms) / 1000)
+        try:
+            while True:
+                taken, wait_ms = await self._acquire(keys=keys, args=args)
+                if int(taken) == 1:
+                    break
+                await wait_a_little(int(wait_ms) / 1000)
+        except BaseException:
+            await asyncio.shield(self._leave_line(keys, lease_id))
+            raise
         lease = _RedisLease(self, keys, lease_id, time.monotonic() - started)
         if quotas.max_concurrency:
             lease.start_renewing(self.config.lease_s)
         return lease
+
+    async def _leave_line(self, keys: list[str], lease_id: str) -> None:
+        try:
+            await self._leave(keys=keys, args=[lease_id])
+        except (aioredis.RedisError, OSError) as exc:  # it leaves when presumed dead instead
+            logger.warning("could not take quota waiter %s out of line: %s", lease_id, exc)
 
 
 @dataclass
@@ -194,7 +282,7 @@ class _RedisLease:
                 await asyncio.wait({renewer}, timeout=0.05)
         try:
             await self.store._settle(
-                keys=self.keys, args=[self.lease_id, -1 if tokens is None else tokens]
+                keys=self.keys[:4], args=[self.lease_id, -1 if tokens is None else tokens]
             )
         except (aioredis.RedisError, OSError) as exc:
             # Raising would throw away an answer already paid for, and the call would be made

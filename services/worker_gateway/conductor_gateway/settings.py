@@ -18,6 +18,7 @@ class GatewaySettings(BrokerSettings):
     quota_window_s: float = Field(default=60.0, gt=0)
     quota_skew_s: float = Field(default=0.25, ge=0)
     quota_lease_s: float = Field(default=30.0, gt=0)
+    quota_wait_grace_s: float = Field(default=5.0, gt=0)
 
     # Calls one gateway process holds in flight (Celery thread-pool size).
     gateway_concurrency: int = Field(default=500, ge=1, le=5000)
@@ -36,5 +37,8 @@ class GatewaySettings(BrokerSettings):
 
     def quota_config(self) -> QuotaConfig:
         return QuotaConfig(
-            window_s=self.quota_window_s, skew_s=self.quota_skew_s, lease_s=self.quota_lease_s
+            window_s=self.quota_window_s,
+            skew_s=self.quota_skew_s,
+            lease_s=self.quota_lease_s,
+            wait_grace_s=self.quota_wait_grace_s,
         )
