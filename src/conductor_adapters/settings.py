@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import AliasChoices, Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from conductor.errors import ConfigurationError
 from conductor.pool import BUILTIN_SMOLLM2, Pool, default_pool, load_pool_file
@@ -129,6 +130,31 @@ class BrokerSettings(BaseSettings):
     # exceed the longest task (a provider call with its retries and quota waits), or tasks run
     # twice; it is also how long a killed process's tasks wait before redelivery.
     broker_visibility_timeout_s: int = Field(default=3600, ge=10)
+
+
+class WebhookSettings(BaseSettings):
+    """What webhooks may reach: read by every process that checks or sends them (the API,
+    the aggregators, `conductor keys webhook`)."""
+
+    model_config = SettingsConfigDict(env_prefix="CONDUCTOR_", extra="ignore")
+
+    # Networks webhooks may reach although they are not public (loopback, private, link-local,
+    # ...), as comma-separated CIDRs, e.g. "10.8.0.0/16,fd00:8::/32" for receivers inside the
+    # cluster. Empty: public addresses only, so a key holder cannot aim the service inside.
+    webhook_allowed_networks: Annotated[tuple[IPv4Network | IPv6Network, ...], NoDecode] = ()
+
+    @field_validator("webhook_allowed_networks", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        networks = []
+        for part in filter(None, (p.strip() for p in value.split(","))):
+            try:
+                networks.append(ip_network(part))
+            except ValueError as exc:  # names the part at fault: "... has host bits set"
+                raise ValueError(f"{part!r} is not a network in CIDR form: {exc}") from None
+        return tuple(networks)
 
 
 SettingsT = TypeVar("SettingsT", bound=BaseSettings)

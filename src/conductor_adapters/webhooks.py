@@ -6,6 +6,12 @@ A delivery row is written in the transaction that stores a workflow's outcome, s
 is left undelivered. Senders claim due deliveries with a lease (``claim_due``): a sender that
 dies mid-delivery leaves its lease to expire and another sends it again. Delivery is therefore
 at least once: a receiver that saw a ``webhook-id`` before may ignore it.
+
+Webhook URLs come from tenants, so they reach public addresses only (besides the networks
+CONDUCTOR_WEBHOOK_ALLOWED_NETWORKS allows): otherwise a key holder could make the service POST
+to its own network (cloud metadata at 169.254.169.254, databases, admin ports). An address is
+refused when a URL is accepted (``check_url``) and again, after resolving its host, when it is
+sent (``attempt``).
 """
 
 from __future__ import annotations
@@ -13,11 +19,13 @@ from __future__ import annotations
 import base64
 import json
 import secrets
+import socket
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
 from typing import Any
-from urllib.parse import urlparse
 
 import httpx
 from sqlalchemy import Connection, Engine, insert, select, update
@@ -25,6 +33,7 @@ from standardwebhooks import Webhook
 
 from conductor.errors import InvalidRequest
 from conductor.workflow import WorkflowRecord
+from conductor_adapters.settings import WebhookSettings, load_settings
 from conductor_adapters.store.models import (
     api_key_table,
     webhook_delivery_table,
@@ -39,12 +48,80 @@ TIMEOUT_S = 10.0  # one attempt's HTTP timeout
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 
 
-def check_url(url: str, param: str) -> str:
-    """An http(s) URL with a host, or InvalidRequest naming ``param``."""
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname or len(url) > 2048:
+Network = IPv4Network | IPv6Network
+Address = IPv4Address | IPv6Address
+ALLOW_HINT = "allow it with CONDUCTOR_WEBHOOK_ALLOWED_NETWORKS"
+_NAT64 = ip_network("64:ff9b::/96")  # well-known prefix: the last 32 bits are an IPv4 address
+_LOCAL_NAT64 = ip_network("64:ff9b:1::/48")  # local use: what it embeds is the network's choice
+
+
+class Refused(Exception):
+    """A webhook's host is, or resolves to, an address webhooks may not reach."""
+
+
+def allowed_networks() -> tuple[Network, ...]:
+    """CONDUCTOR_WEBHOOK_ALLOWED_NETWORKS as this process's environment says now (a bad value
+    is a ConfigurationError naming it). Read where it is used rather than passed down: the
+    API, the aggregators and `conductor keys webhook` all check with it (a read: ~0.2 ms)."""
+    return load_settings(WebhookSettings).webhook_allowed_networks
+
+
+def reachable(address: Address, allowed: Sequence[Network]) -> bool:
+    """Whether webhooks may reach ``address``: a public one, or one in ``allowed``. An IPv6
+    address that stands for an IPv4 one (mapped, 6to4, NAT64) is judged as the IPv4 one,
+    which is where packets to it go."""
+    if any(address in network for network in allowed):
+        return True
+    if isinstance(address, IPv6Address):
+        inner = address.ipv4_mapped or address.sixtofour
+        if address in _NAT64:
+            inner = IPv4Address(int(address) & 0xFFFF_FFFF)
+        if inner is not None:
+            return reachable(inner, allowed)
+        if address in _LOCAL_NAT64:
+            return False
+    return address.is_global and not address.is_multicast
+
+
+def _literal(host: str) -> Address | None:
+    """The address ``host`` spells, in any form a connection would read it (``127.1`` and
+    ``2130706433`` are 127.0.0.1); None for a name. No lookup: AI_NUMERICHOST."""
+    try:  # bytes: a str host would go through the idna codec, which refuses some names
+        found = socket.getaddrinfo(host.encode("ascii"), None, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        return None
+    return ip_address(found[0][4][0])
+
+
+def check_url(url: str, param: str, allowed: Sequence[Network] | None = None) -> str:
+    """An http(s) URL with a host that is not an address webhooks may not reach, or
+    InvalidRequest naming ``param``. ``allowed``: networks reachable although not public
+    (default: the setting).
+
+    A name is not resolved here: that would put a DNS lookup in the request path, and what a
+    name resolves to now says nothing of what it resolves to when the webhook is sent (DNS
+    rebinding). The sender checks every address the name has then."""
+    try:  # parsed as the sender parses it: no two parsers disagree about where it goes
+        parsed: httpx.URL | None = httpx.URL(url)
+    except httpx.InvalidURL:
+        parsed = None
+    if (
+        parsed is None
+        or parsed.scheme not in ("http", "https")
+        or not parsed.raw_host
+        or len(url) > 2048
+    ):
         message = f"{param}: expected an http or https URL, not {url[:100]!r}"
         raise InvalidRequest(message, param=param)
+    address = _literal(parsed.raw_host.decode("ascii"))
+    if address is not None and not reachable(
+        address, allowed_networks() if allowed is None else allowed
+    ):
+        raise InvalidRequest(
+            f"{param}: {address} is not a public address, and webhooks reach only public ones "
+            "unless an operator allows its network (CONDUCTOR_WEBHOOK_ALLOWED_NETWORKS)",
+            param=param,
+        )
     return url
 
 
@@ -141,10 +218,18 @@ def claim_due(engine: Engine, now: datetime | None = None, limit: int = 50) -> l
 
 
 def attempt(
-    engine: Engine, delivery_id: str, client: httpx.Client, now: datetime | None = None
+    engine: Engine,
+    delivery_id: str,
+    client: httpx.Client,
+    now: datetime | None = None,
+    *,
+    allowed: Sequence[Network] | None = None,
 ) -> str:
     """One attempt at a delivery: POST it, signed; record the attempt; schedule the next one
-    or settle it. Returns its status afterwards."""
+    or settle it. Returns its status afterwards. ``allowed``: networks reachable although not
+    public (default: the setting); a URL whose host is or resolves to an address outside them
+    is refused, and the delivery fails at once (the attempt says why): trying again would not
+    change the answer, only keep asking."""
     table, key = webhook_delivery_table, api_key_table
     with engine.connect() as conn:
         row = conn.execute(
@@ -156,7 +241,7 @@ def attempt(
         return DELIVERED if row is None else str(row.status)
     now = now or datetime.now(UTC)
     record: dict[str, Any] = {"at": now.isoformat()}
-    delivered = False
+    delivered = refused = False
     if not row.webhook_secret:
         record["error"] = "the key's signing secret was removed"
     else:
@@ -169,17 +254,20 @@ def attempt(
             "user-agent": "conductor-webhooks/1",
         }
         started = time.perf_counter()
+        networks = allowed_networks() if allowed is None else allowed
         try:
-            reply = client.post(row.url, content=body, headers=headers, timeout=TIMEOUT_S)
+            reply = _post_pinned(client, row.url, body, headers, networks)
             record["status_code"] = reply.status_code
             delivered = 200 <= reply.status_code < 300
-        except httpx.HTTPError as exc:
+        except Refused as exc:
+            record["error"], refused = f"refused: {exc}", True
+        except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:  # OSError: no address
             record["error"] = f"{type(exc).__name__}: {exc}"[:500]
         record["duration_ms"] = round((time.perf_counter() - started) * 1000, 1)
     attempts = [*row.attempts, record]
     if delivered:
         values: dict[str, Any] = {"status": DELIVERED, "delivered_at": now, "next_attempt_at": None}
-    elif len(attempts) >= MAX_ATTEMPTS or not row.webhook_secret:
+    elif refused or len(attempts) >= MAX_ATTEMPTS or not row.webhook_secret:
         values = {"status": FAILED, "next_attempt_at": None}
     else:
         values = {"next_attempt_at": now + timedelta(seconds=BACKOFF_S[len(attempts) - 1])}
@@ -190,3 +278,57 @@ def attempt(
             .values(attempts=attempts, **values)
         )
     return str(values.get("status", PENDING))
+
+
+def _post_pinned(
+    client: httpx.Client,
+    url: str,
+    body: str,
+    headers: dict[str, str],
+    allowed: Sequence[Network],
+) -> httpx.Response:
+    """POST to ``url`` at an address checked here: the host is resolved once, every address it
+    has must be reachable (else Refused), and the request goes to a checked address itself.
+    Connecting by name would look the name up again, and a name that answered a public
+    address to the check can answer a private one to the connection (DNS rebinding).
+
+    httpx takes no resolver (a transport's options are its local address, retries and a Unix
+    socket), so the URL names the address, the Host header the host, and TLS sends and
+    verifies the name (httpcore's ``sni_hostname`` extension). That works with any client,
+    whoever built it. Redirects are never followed: their target would go unchecked."""
+    target = httpx.URL(url)
+    host = target.raw_host.decode("ascii")
+    by_name = _literal(host) is None
+    port = target.port or (443 if target.scheme == "https" else 80)
+    found = socket.getaddrinfo(target.raw_host, port, type=socket.SOCK_STREAM)
+    addresses = list(dict.fromkeys(ip_address(info[4][0]) for info in found))
+    for address in addresses:
+        if not reachable(address, allowed):
+            what = f"{host} resolves to {address}, which" if by_name else str(address)
+            raise Refused(f"{what} is not a public address; {ALLOW_HINT}")
+    pinned = {**headers, "host": target.netloc.decode("ascii")}
+    extensions: dict[str, Any] = {}
+    if target.scheme == "https":
+        if by_name:
+            extensions["sni_hostname"] = host
+        # The pool keys connections by address, not by the name TLS verified: none is left
+        # for a delivery to another name at the same address to reuse.
+        pinned["connection"] = "close"
+
+    def send(address: Address) -> httpx.Response:
+        return client.post(
+            target.copy_with(host=str(address)),
+            content=body,
+            headers=pinned,
+            extensions=extensions,
+            timeout=TIMEOUT_S,
+            follow_redirects=False,
+        )
+
+    *others, last = addresses
+    for address in others:
+        try:
+            return send(address)
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            continue  # the next address, as a connection by name would try it
+    return send(last)

@@ -33,6 +33,7 @@ def aggregator(
     from conductor_adapters.periodic import Periodic
     from conductor_adapters.queue import queue_depths
     from conductor_adapters.settings import get_settings
+    from conductor_adapters.webhooks import allowed_networks
     from conductor_aggregator.celery_app import shutdown, sweeper
     from conductor_aggregator.metrics import AggregatorMetrics, backlog_poller
     from conductor_aggregator.settings import AggregatorSettings
@@ -40,6 +41,7 @@ def aggregator(
     from conductor_cli.wiring import aggregator_celery, redis_answers
 
     settings = AggregatorSettings.load()
+    allowed_networks()  # a bad CONDUCTOR_WEBHOOK_ALLOWED_NETWORKS fails here, not at a delivery
     metrics = AggregatorMetrics()
     app = aggregator_celery(get_settings(), settings, metrics)
     aggregator = app.conf.aggregator_get()  # connect now: a bad database or pool fails here

@@ -30,9 +30,11 @@ def serve(
     from conductor_adapters.settings import get_settings, load_variants
     from conductor_adapters.store.db import make_engine, upgrade
     from conductor_adapters.store.keys import any_key_exists
+    from conductor_adapters.webhooks import allowed_networks
 
     settings = get_settings()
     load_variants(settings)  # a bad variants file fails here, before the models load
+    allowed_networks()  # and a bad CONDUCTOR_WEBHOOK_ALLOWED_NETWORKS, not at a submission
     upgrade(settings.database_url)
     probe = make_engine(settings.database_url)
     try:
@@ -93,6 +95,7 @@ def api(
     )
     from conductor_adapters.store.db import check_schema, make_engine, wait_for_database
     from conductor_adapters.store.keys import any_key_exists
+    from conductor_adapters.webhooks import allowed_networks
 
     settings = get_settings()
     broker = load_settings(BrokerSettings)
@@ -101,9 +104,10 @@ def api(
             "conductor api serves the distributed runtime: set CONDUCTOR_BROKER_URL "
             "(or run `conductor serve` for the embedded one)"
         )
-    # A bad variants or pool file fails here, before anything connects.
+    # A bad variants or pool file (or webhook networks) fails here, before anything connects.
     load_variants(settings)
     load_pool(settings)
+    allowed_networks()
     wait_for_database(settings.database_url)
     check_schema(settings.database_url)
     engine = make_engine(settings.database_url)

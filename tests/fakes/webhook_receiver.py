@@ -1,5 +1,5 @@
 """A webhook receiver on loopback that verifies Standard Webhooks signatures, as a client's
-would, and can be told to fail its first deliveries."""
+would, and can be told to fail its first deliveries or to redirect them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from standardwebhooks import Webhook, WebhookVerificationError
 
 
 class WebhookReceiver:
-    def __init__(self, secret: str, *, failures: int = 0) -> None:
+    def __init__(self, secret: str, *, failures: int = 0, redirect_to: str | None = None) -> None:
         self.webhook = Webhook(secret)
         self.failures_left = failures
         self.attempts: list[dict[str, str]] = []  # the headers of every request
@@ -26,6 +26,11 @@ class WebhookReceiver:
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 receiver.attempts.append(headers)
+                if redirect_to is not None:
+                    self.send_response(307)  # 307: a client that follows it POSTs again
+                    self.send_header("location", redirect_to)
+                    self.end_headers()
+                    return
                 try:
                     receiver.webhook.verify(body, headers)
                 except WebhookVerificationError as exc:
