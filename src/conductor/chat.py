@@ -2,18 +2,55 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+class ToolCall(BaseModel):
+    """A function call a model asked for: the client runs it and sends back its result."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200)
+    arguments: str  # JSON text, as the model wrote it (it may not parse)
 
 
 class ChatMessage(BaseModel):
+    """One turn. An assistant turn may carry the tool calls it asked for; a ``tool`` turn is
+    one call's result, named by ``tool_call_id``."""
+
     model_config = ConfigDict(frozen=True)
 
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+
+class ToolSpec(BaseModel):
+    """A function the model may call: its name, what it does, its parameters' JSON Schema."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolUse(BaseModel):
+    """The tools a client offers a call and how the model may use them: ``choice`` is "auto",
+    "none", "required", or a tool's name (that tool must be called)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    tools: tuple[ToolSpec, ...] = Field(min_length=1, max_length=128)
+    choice: str = "auto"
+    parallel: bool | None = None  # None: the provider's default
 
 
 class Usage(BaseModel):
@@ -55,3 +92,4 @@ class Completion(BaseModel):
     usage: Usage = Usage()
     model: str = ""
     finish_reason: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()  # the functions the model asks the client to run

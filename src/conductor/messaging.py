@@ -13,7 +13,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from conductor.chat import ChatMessage
+from conductor.chat import ChatMessage, ToolUse
 from conductor.pool import WorkerSpec
 from conductor.ports import StepCallResult
 from conductor.workflow import AttemptRecord
@@ -65,6 +65,8 @@ class CallRequest(BaseModel):
     allowed_workers: list[str] | None = Field(default=None, max_length=1000)
     # Whose call it is: calls waiting on a worker's quotas take turns between tenants.
     tenant: str | None = Field(default=None, max_length=200)
+    # Functions the worker may ask the client to call (a direct call's tools); None: none.
+    tools: ToolUse | None = None
     # When the caller stops waiting (timezone-aware): a gateway does not start the call after
     # it and abandons the call at it, retries and quota waits included. This is what bounds
     # the longest call a gateway holds, and so the grace period a stopping gateway needs.

@@ -43,6 +43,10 @@ class Provider(StrEnum):
     SIM = "sim"
 
 
+# Providers whose workers take tools (function calling) on a direct call: their adapters speak
+# the OpenAI wire format, whose calls and results travel as they are.
+TOOL_CALLING_PROVIDERS = frozenset({Provider.OPENAI, Provider.OPENAI_COMPATIBLE})
+
 # Cloud APIs that refuse calls without a key (self-hosted look-alikes may need none).
 KEYED_PROVIDERS = frozenset({Provider.OPENAI, Provider.ANTHROPIC, Provider.GEMINI})
 

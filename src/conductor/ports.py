@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from conductor.chat import ChatMessage, Completion, Usage
+from conductor.chat import ChatMessage, Completion, ToolCall, ToolUse, Usage
 from conductor.streaming import StreamEvent
 from conductor.workflow import AttemptRecord, Plan, PlanOutcome, PoolEntry, WorkflowRecord
 
@@ -46,6 +46,21 @@ class ChatWorker(Protocol):
     async def aclose(self) -> None: ...
 
 
+@runtime_checkable
+class ToolCallingWorker(Protocol):
+    """A worker whose wire format carries function calling: offered tools, it may answer with
+    calls for the client to run (``Completion.tool_calls``) instead of text."""
+
+    async def complete_with_tools(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: ToolUse,
+        *,
+        max_tokens: int,
+        temperature: float,
+    ) -> Completion: ...
+
+
 class StepCallResult(BaseModel):
     """A step's worker call as the gateway ran it: the answer and every attempt it took.
 
@@ -59,6 +74,7 @@ class StepCallResult(BaseModel):
     usage: Usage = Usage()
     cost_usd: float = 0.0
     attempts: list[AttemptRecord]
+    tool_calls: list[ToolCall] = Field(default_factory=list)  # asked for instead of text
 
 
 class StepRunner(Protocol):
@@ -79,10 +95,12 @@ class StepRunner(Protocol):
         *,
         allowed_workers: Collection[str] | None = None,
         tenant: str | None = None,
+        tools: ToolUse | None = None,
     ) -> StepCallResult:
         """``allowed_workers``: every worker the call may reach, fallbacks included (a
         workflow's pool, an API key's pool); None: any worker of the pool. ``tenant``: whose
-        call it is, for its fair turn among calls waiting on a worker's quotas."""
+        call it is, for its fair turn among calls waiting on a worker's quotas. ``tools``:
+        functions the worker may ask to call (only workers whose wire format has them)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from conductor.chat import ChatMessage, Completion, Usage
+from conductor.chat import ChatMessage, Completion, ToolCall, ToolUse, Usage
 from conductor.errors import MalformedResponse
 from conductor.streaming import StreamEnd, StreamEvent, TextDelta
 from conductor_adapters.http_wire import (
@@ -41,6 +41,7 @@ def build_chat_request(
     *,
     stream: bool = False,
     max_tokens_field: str = "max_tokens",
+    tools: ToolUse | None = None,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /chat/completions``.
 
@@ -49,16 +50,70 @@ def build_chat_request(
     """
     payload: dict[str, Any] = {
         "model": model,
-        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "messages": [wire_message(m) for m in messages],
         max_tokens_field: max_tokens,
         "temperature": temperature,
     }
     if response_format is not None:
         payload["response_format"] = dict(response_format)
+    if tools is not None:
+        payload.update(wire_tools(tools))
     if stream:
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True}
     return payload
+
+
+def wire_message(message: ChatMessage) -> dict[str, Any]:
+    wired: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        wired["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+        wired["content"] = message.content or None  # a turn of calls alone has no text
+    if message.tool_call_id is not None:
+        wired["tool_call_id"] = message.tool_call_id
+    return wired
+
+
+def wire_tools(tools: ToolUse) -> dict[str, Any]:
+    """``tools``, ``tool_choice`` and ``parallel_tool_calls`` as Chat Completions takes them."""
+    functions = []
+    for tool in tools.tools:
+        function: dict[str, Any] = {"name": tool.name}
+        if tool.description is not None:
+            function["description"] = tool.description
+        if tool.parameters is not None:
+            function["parameters"] = tool.parameters
+        if tool.strict is not None:
+            function["strict"] = tool.strict
+        functions.append({"type": "function", "function": function})
+    choice: Any = tools.choice
+    if choice not in ("auto", "none", "required"):
+        choice = {"type": "function", "function": {"name": choice}}
+    wired: dict[str, Any] = {"tools": functions, "tool_choice": choice}
+    if tools.parallel is not None:
+        wired["parallel_tool_calls"] = tools.parallel
+    return wired
+
+
+def parse_tool_calls(raw: Any) -> tuple[ToolCall, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise MalformedResponse(f"message.tool_calls must be a list, got {kind(raw)}")
+    calls = []
+    for i, item in enumerate(raw):
+        call = json_object(item, f"message.tool_calls[{i}]")
+        function = json_object(call.get("function"), f"message.tool_calls[{i}].function")
+        ident, name, arguments = call.get("id"), function.get("name"), function.get("arguments")
+        if not (isinstance(ident, str) and isinstance(name, str) and isinstance(arguments, str)):
+            raise MalformedResponse(
+                f"message.tool_calls[{i}] needs a string id, function.name and function.arguments"
+            )
+        calls.append(ToolCall(id=ident, name=name, arguments=arguments))
+    return tuple(calls)
 
 
 def parse_chat_response(body: Any) -> Completion:
@@ -73,6 +128,9 @@ def parse_chat_response(body: Any) -> Completion:
     choice = json_object(choices[0], "choices[0]")
     message = json_object(choice.get("message"), "choices[0].message")
     content = message.get("content")
+    tool_calls = parse_tool_calls(message.get("tool_calls"))
+    if content is None and tool_calls:
+        content = ""  # a turn of calls alone
     if not isinstance(content, str):
         refusal = message.get("refusal")
         why = f" (the model refused: {truncate(refusal)})" if isinstance(refusal, str) else ""
@@ -84,6 +142,7 @@ def parse_chat_response(body: Any) -> Completion:
         usage=parse_usage(body.get("usage")),
         model=_model(body),
         finish_reason=_finish_reason(choice),
+        tool_calls=tool_calls,
     )
 
 
@@ -195,6 +254,7 @@ class OpenAIChatClient:
         max_tokens: int,
         temperature: float,
         response_format: Mapping[str, Any] | None = None,
+        tools: ToolUse | None = None,
     ) -> Completion:
         payload = build_chat_request(
             self.model,
@@ -203,6 +263,7 @@ class OpenAIChatClient:
             temperature,
             response_format=response_format,
             max_tokens_field=self.max_tokens_field,
+            tools=tools,
         )
         body = await post_json(
             self._client, self.url, self._headers, payload, self.timeout_s, self.provider

@@ -25,6 +25,7 @@ from pydantic import TypeAdapter
 from fakes.api_fixture import ANSWER, JSON_ANSWER, Api
 
 QUESTION = "What is 6 * 7?"
+QUESTION_ITEMS = [{"role": "user", "content": QUESTION}]
 EVENT_ORDER = [
     "response.created",
     "response.in_progress",
@@ -467,7 +468,7 @@ IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
         ({"text": {"format": {"type": "grammar", "syntax": "lark"}}}, "text.format"),
@@ -482,9 +483,11 @@ IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
             {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}, IMAGE]}]},
             "input.0.content.1",
         ),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input.0.type"),
+        ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input.0"),
         (
-            {"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]},
-            "input.0.type",
+            {"input": [*QUESTION_ITEMS, {"type": "function_call_output", "output": "x"}]},
+            "input.1.call_id",
         ),
         ({"input": [{"role": "user", "content": "a\x00b"}]}, "input.0.content"),
         ({"input": []}, "input"),
@@ -509,16 +512,21 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(
         assert param.split(".")[0] in error["message"]
 
 
-def test_the_sdk_raises_bad_request_for_tools(client: openai.OpenAI) -> None:
+def test_the_sdk_raises_bad_request_for_tools_a_workflow_would_call(client: openai.OpenAI) -> None:
     tool: Any = {
         "type": "function",
         "name": "add",
         "parameters": {"type": "object"},
         "strict": True,
     }
-    with pytest.raises(openai.BadRequestError, match="tools") as refused:
-        client.responses.create(model="conductor-ultra", input=QUESTION, tools=[tool])
-    assert refused.value.body["param"] == "tools"  # type: ignore[index]
+    for model in ("conductor-ultra", "gamma"):  # a workflow; a worker without tools
+        with pytest.raises(openai.BadRequestError, match="tools") as refused:
+            client.responses.create(model=model, input=QUESTION, tools=[tool])
+        assert refused.value.body["param"] == "tools"  # type: ignore[index]
+    told_not_to_call = client.responses.create(
+        model="conductor-ultra", input=QUESTION, tools=[tool], tool_choice="none"
+    )
+    assert told_not_to_call.output_text == ANSWER
 
 
 def test_an_unknown_model_is_404(client: openai.OpenAI) -> None:

@@ -1,5 +1,6 @@
-"""Structured output (``response_format``) and what the API refuses rather than ignores (tools,
-tool messages, images), with the official openai client and LangChain's ChatOpenAI."""
+"""Structured output (``response_format``) and what the API refuses rather than ignores (tools
+where they have no meaning, images), with the official openai client and LangChain's
+ChatOpenAI."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ JSON_SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "result", "
 ONLY_JSONER = {"conductor": {"pool": ["jsoner"]}}
 NOT_A_SCHEMA = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}
 IMAGE = "data:image/png;base64,AA=="
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
 def _create(api: Api, **fields: Any) -> Any:
@@ -70,14 +72,49 @@ def test_an_answer_that_does_not_match_the_schema_fails_without_retries(api: Api
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         (
+            {"model": "gamma", "tools": [{"type": "function", "function": {"name": "f"}}]},
+            "tools",
+        ),
+        (
             {
+                "model": "gamma",
+                "messages": [
+                    *QUESTION,
+                    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "42"},
+                ],
+            },
+            "messages[1]",
+        ),
+        (
+            {
+                "model": "alpha",
                 "messages": [
                     *QUESTION,
                     {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
                     {"role": "tool", "tool_call_id": "c1", "content": "42"},
-                ]
+                ],
             },
-            "messages[1]",
+            "messages[1].tool_calls[0]",
+        ),
+        (
+            {
+                "model": "alpha",
+                "messages": [*QUESTION, {"role": "tool", "content": "42"}],
+            },
+            "messages[1].tool_call_id",
+        ),
+        (
+            {"model": "alpha", "tools": [{"type": "custom", "custom": {"name": "f"}}]},
+            "tools[0].type",
+        ),
+        (
+            {
+                "model": "alpha",
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+            },
+            "tool_choice",
         ),
         (
             {
@@ -94,7 +131,19 @@ def test_an_answer_that_does_not_match_the_schema_fails_without_retries(api: Api
             "messages[0].content[1]",
         ),
     ],
-    ids=["bad-schema", "bad-schema-direct", "tools", "tool-choice", "tool-messages", "image"],
+    ids=[
+        "bad-schema",
+        "bad-schema-direct",
+        "tools-on-a-workflow",
+        "tool-choice-without-tools",
+        "tools-to-a-worker-without-them",
+        "tool-messages-to-a-worker-without-them",
+        "a-call-without-its-function",
+        "a-result-without-its-call",
+        "a-custom-tool",
+        "a-choice-of-no-offered-tool",
+        "image",
+    ],
 )
 def test_what_the_api_cannot_do_is_a_400_naming_the_field(
     api: Api, fields: dict[str, Any], param: str
@@ -136,7 +185,7 @@ def test_langchain_json_mode_gets_a_dict(api: Api) -> None:
     assert structured.invoke("What is 6 * 7? Answer in JSON.") == JSON_ANSWER
 
 
-def test_langchain_bind_tools_is_told_tools_are_unsupported(api: Api) -> None:
+def test_langchain_bind_tools_on_a_workflow_is_told_to_call_a_worker(api: Api) -> None:
     @tool
     def multiply(a: int, b: int) -> int:
         """Multiply two integers."""
@@ -144,4 +193,4 @@ def test_langchain_bind_tools_is_told_tools_are_unsupported(api: Api) -> None:
 
     with pytest.raises(openai.BadRequestError) as refused:
         _langchain(api).bind_tools([multiply]).invoke("What is 6 * 7?")
-    assert "tools: function calling is not supported" in str(refused.value)
+    assert "tools: a Conductor workflow does not call your functions" in str(refused.value)

@@ -17,7 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from conductor.errors import WorkerUnavailable
-from conductor.pool import Quotas
+from conductor.pool import Provider, Quotas
 from conductor.variants import BUILTIN_VARIANTS
 from conductor_adapters.store.db import make_engine
 from conductor_adapters.store.keys import create_key
@@ -35,6 +35,8 @@ FALLBACKS = {"delta": ["alpha"]}
 # narrow takes 2 calls at once, each NARROW_S long: a worker tenants queue for.
 NARROW_S = 1.5
 QUOTAS = {"narrow": Quotas(max_concurrency=2)}
+# gamma runs on llama.cpp, whose wire format takes no tools; the others speak OpenAI's.
+PROVIDERS = {"gamma": Provider.LLAMACPP}
 DELTA_URL = "http://10.20.30.40:8000/v1/chat/completions"
 QUESTION = [{"role": "user", "content": "What is 6 * 7?"}]
 # alpha solves with the question alone; beta checks with alpha's turn (3 messages in all).
@@ -108,7 +110,11 @@ def running_api(
             database = tmp_path_factory.mktemp("api") / "conductor.db"
             server = LiveApi(
                 lambda: scripted_service(
-                    f"sqlite:///{database}", workers, fallbacks=FALLBACKS, quotas=QUOTAS
+                    f"sqlite:///{database}",
+                    workers,
+                    fallbacks=FALLBACKS,
+                    quotas=QUOTAS,
+                    providers=PROVIDERS,
                 )
             )
         else:
@@ -116,7 +122,7 @@ def running_api(
             redis_url: str = request.getfixturevalue("redis_url")
             prefix: str = request.getfixturevalue("module_redis_prefix")
             running = stack.enter_context(distributed_stack(database_url, redis_url, prefix))
-            pool = named_pool(NAMES, fallbacks=FALLBACKS, quotas=QUOTAS)
+            pool = named_pool(NAMES, fallbacks=FALLBACKS, quotas=QUOTAS, providers=PROVIDERS)
             running.configure(TwoStepBackend(), pool, {w.name: w for w in workers})
 
             def distributed_service() -> DistributedWorkflows:

@@ -15,7 +15,7 @@ from typing import Any
 
 from conductor.chat import ChatMessage, Completion, Usage
 from conductor.executor import WorkflowExecutor
-from conductor.pool import Price, Quotas
+from conductor.pool import Price, Provider, Quotas
 from conductor.ports import PlanFormat
 from conductor.variants import BUILTIN_VARIANTS
 from conductor_adapters.loop_thread import LoopThread
@@ -123,11 +123,12 @@ def scripted_service(
     price: Price | None = None,
     fallbacks: Mapping[str, Sequence[str]] | None = None,
     quotas: Mapping[str, Quotas] | None = None,
+    providers: Mapping[str, Provider] | None = None,
 ) -> EmbeddedWorkflows:
     """The embedded service around the two-step Conductor and scripted workers."""
     upgrade(database_url)
     engine = make_engine(database_url)
-    pool = named_pool([w.name for w in workers], price, fallbacks, quotas)
+    pool = named_pool([w.name for w in workers], price, fallbacks, quotas, providers)
     gateway = scripted_gateway(pool, {w.name: w for w in workers})
     store = TraceStore(engine, pool)
     executor = WorkflowExecutor(

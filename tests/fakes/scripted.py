@@ -7,13 +7,14 @@ code paths; they also log what they received and when, for the behavioural tests
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from conductor.chat import ChatMessage, Completion, Usage
+from conductor.chat import ChatMessage, Completion, ToolCall, ToolUse, Usage
 from conductor.pool import Pool, Price, Provider, Quotas, WorkerSpec
 from conductor.ports import ChatWorker, PlanFormat
 from conductor.streaming import StreamEnd, StreamEvent, TextDelta
@@ -41,6 +42,7 @@ class ScriptedWorker:
     # Set when a call is cancelled; a threading.Event, since a distributed stack's gateway runs
     # the worker on another thread's loop.
     cancellation: threading.Event = field(default_factory=threading.Event)
+    tools_offered: list[ToolUse] = field(default_factory=list)
 
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
@@ -66,6 +68,34 @@ class ScriptedWorker:
             model=self.name,
         )
 
+    async def complete_with_tools(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: ToolUse,
+        *,
+        max_tokens: int,
+        temperature: float,
+    ) -> Completion:
+        """Offered tools, it calls one (the one it must, else the first) with arguments made
+        from its parameters' schema, unless told not to; given a tool's result, it answers
+        with it."""
+        self.tools_offered.append(tools)
+        completion = await self.complete(messages, max_tokens=max_tokens, temperature=temperature)
+        if messages[-1].role == "tool" or tools.choice == "none":
+            if messages[-1].role == "tool":
+                text = f"{self.name} read the tool's result: {messages[-1].content}"
+                return completion.model_copy(update={"text": text})
+            return completion
+        chosen = next((t for t in tools.tools if t.name == tools.choice), tools.tools[0])
+        call = ToolCall(
+            id=f"call_{len(self.calls)}",
+            name=chosen.name,
+            arguments=json.dumps(example_arguments(chosen.parameters or {})),
+        )
+        return completion.model_copy(
+            update={"text": "", "tool_calls": (call,), "finish_reason": "tool_calls"}
+        )
+
     async def stream(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> AsyncIterator[StreamEvent]:
@@ -75,6 +105,25 @@ class ScriptedWorker:
 
     async def aclose(self) -> None:
         return None
+
+
+EXAMPLE_VALUES: dict[str, Any] = {
+    "string": "Paris",
+    "integer": 7,
+    "number": 7.5,
+    "boolean": True,
+    "array": [],
+    "object": {},
+}
+
+
+def example_arguments(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Arguments for a function's parameters: a fixed value of each property's type."""
+    properties = schema.get("properties") or {}
+    return {
+        name: EXAMPLE_VALUES.get(str(spec.get("type", "string")), "Paris")
+        for name, spec in properties.items()
+    }
 
 
 def scripted_gateway(
@@ -90,14 +139,15 @@ def named_pool(
     price: Price | None = None,
     fallbacks: Mapping[str, Sequence[str]] | None = None,
     quotas: Mapping[str, Quotas] | None = None,
+    providers: Mapping[str, Provider] | None = None,
 ) -> Pool:
     """Workers ``names`` (described as "worker NAME"), never reached over the network."""
-    fallbacks, quotas = fallbacks or {}, quotas or {}
+    fallbacks, quotas, providers = fallbacks or {}, quotas or {}, providers or {}
     return Pool(
         workers=tuple(
             WorkerSpec(
                 name=n,
-                provider=Provider.OPENAI_COMPATIBLE,
+                provider=providers.get(n, Provider.OPENAI_COMPATIBLE),
                 model=n,
                 base_url="http://127.0.0.1:9",
                 description=f"worker {n}",

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conductor.chat import ChatMessage
+from conductor.chat import ChatMessage, ToolCall, ToolSpec, ToolUse
 from conductor.errors import (
     ConfigurationError,
     MalformedResponse,
@@ -414,4 +414,89 @@ async def test_a_broken_stream_raises_and_never_yields_an_end(
         await collect_stream(
             worker.stream([ChatMessage(role="user", content="q")], max_tokens=8, temperature=0),
             "test",
+        )
+
+
+# -- function calling on the wire ---------------------------------------------------------------
+
+WEATHER = ToolSpec(
+    name="get_weather",
+    description="The weather in a city.",
+    parameters={"type": "object", "properties": {"city": {"type": "string"}}},
+)
+
+
+async def test_tools_calls_and_results_go_on_the_wire_as_chat_completions_has_them(
+    fake_openai: FakeOpenAIServer, worker: OpenAICompatibleWorker
+) -> None:
+    # Given a worker that answers with a call (content null, as OpenAI sends it)
+    body = completion_body(None, finish_reason="tool_calls")
+    body["choices"][0]["message"]["tool_calls"] = [
+        {
+            "id": "call_9",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        }
+    ]
+    fake_openai.enqueue(ScriptedResponse(json=body))
+    earlier = ToolCall(id="call_1", name="get_weather", arguments='{"city": "Paris"}')
+    messages = [
+        *QUESTION,
+        ChatMessage(role="assistant", content="", tool_calls=(earlier,)),
+        ChatMessage(role="tool", content="18 C", tool_call_id="call_1"),
+    ]
+
+    # When it is called with a tool it must call, earlier calls and their results
+    result = await worker.complete_with_tools(
+        messages,
+        ToolUse(tools=(WEATHER,), choice="get_weather", parallel=False),
+        max_tokens=64,
+        temperature=0.5,
+    )
+
+    # Then the request carries them as the API documents, and the answer's call is read
+    sent = fake_openai.last_request.json
+    assert sent["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city.",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert sent["parallel_tool_calls"] is False
+    assert sent["messages"][2:] == [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "content": "18 C", "tool_call_id": "call_1"},
+    ]
+    assert result.text == ""
+    assert result.finish_reason == "tool_calls"
+    assert result.tool_calls == (
+        ToolCall(id="call_9", name="get_weather", arguments='{"city": "Oslo"}'),
+    )
+
+
+async def test_a_malformed_tool_call_is_a_malformed_response(
+    fake_openai: FakeOpenAIServer, worker: OpenAICompatibleWorker
+) -> None:
+    body = completion_body(None, finish_reason="tool_calls")
+    body["choices"][0]["message"]["tool_calls"] = [{"id": "call_9", "type": "function"}]
+    fake_openai.enqueue(ScriptedResponse(json=body))
+
+    with pytest.raises(MalformedResponse, match=r"tool_calls\[0\]\.function"):
+        await worker.complete_with_tools(
+            QUESTION, ToolUse(tools=(WEATHER,)), max_tokens=64, temperature=0.5
         )

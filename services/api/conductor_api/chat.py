@@ -20,12 +20,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from conductor.answer_format import AnswerFormat, AnswerFormatError
-from conductor.chat import ChatMessage, Usage
+from conductor.chat import ChatMessage, ToolCall, ToolUse, Usage
 from conductor.errors import StepCallFailed
 from conductor.ports import StepCallResult
 from conductor_api.admission import admit, request_state
 from conductor_api.auth import CallerDep
-from conductor_api.errors import ApiError, error_body, without_addresses
+from conductor_api.errors import ApiError, error_body, unsupported, without_addresses
 from conductor_api.metrics import ApiMetrics
 from conductor_api.reads import load_workflow
 from conductor_api.schemas import (
@@ -41,6 +41,15 @@ from conductor_api.schemas import (
 )
 from conductor_api.service import CHAT_FIELDS, Caller, SubmitFields, WorkflowService
 from conductor_api.sse import KEEPALIVE, STREAM_HEADERS, data_line, with_keepalive
+from conductor_api.tools import (
+    chat_tool_calls,
+    chat_tool_calls_out,
+    describe_calls,
+    refuse_for_worker,
+    refuse_for_workflow,
+    takes_tools,
+    tool_use,
+)
 
 router = APIRouter(tags=["OpenAI-compatible"])
 WAIT_MARGIN_S = 30.0  # beyond the variant's own deadline, for the outcome to be stored
@@ -48,24 +57,34 @@ WAIT_MARGIN_S = 30.0  # beyond the variant's own deadline, for the outcome to be
 
 def render_question(messages: list[ChatMessageIn]) -> str:
     """The question the Conductor gets: the last user message, with the instructions and the
-    conversation before it when there are any."""
+    conversation around it when there are any (tool calls and their results included, as
+    text: a workflow calls no client function)."""
     last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
     if last_user is None:
         raise ApiError(400, "messages: include at least one user message", param="messages")
     request = messages[last_user].text
     instructions = [m.text for m in messages if m.role in ("system", "developer")]
-    turns = [m for m in messages[:last_user] if m.role in ("user", "assistant")]
-    if not instructions and not turns:
+    before = [_turn(m) for m in messages[:last_user] if m.role not in ("system", "developer")]
+    after = [_turn(m) for m in messages[last_user + 1 :] if m.role not in ("system", "developer")]
+    if not instructions and not before and not after:
         return request
     parts = []
     if instructions:
         parts.append("Instructions:\n" + "\n\n".join(instructions))
-    if turns:
-        parts.append(
-            "Conversation so far:\n" + "\n".join(f"{m.role.title()}: {m.text}" for m in turns)
-        )
+    if before:
+        parts.append("Conversation so far:\n" + "\n".join(before))
     parts.append("Request:\n" + request)
+    if after:
+        parts.append("Since the request:\n" + "\n".join(after))
     return "\n\n".join(parts)
+
+
+def _turn(message: ChatMessageIn) -> str:
+    if message.role == "tool":
+        return f"Tool result ({message.tool_call_id or 'a call'}): {message.text}"
+    calls = chat_tool_calls(message.tool_calls, "messages[].tool_calls")
+    text = "\n".join(t for t in (message.text, describe_calls(calls)) if t)
+    return f"{message.role.title()}: {text}"
 
 
 def openai_usage(usage: UsageView | Usage) -> dict[str, Any]:
@@ -108,10 +127,19 @@ def conductor_field(view: WorkflowView) -> dict[str, Any]:
 
 
 def _completion(
-    completion_id: str, model: str, created: int, text: str, usage: dict[str, Any], extra: Any
+    completion_id: str,
+    model: str,
+    created: int,
+    text: str,
+    usage: dict[str, Any],
+    extra: Any,
+    tool_calls: list[ToolCall] | None = None,
 ) -> JSONResponse:
     """A ``chat.completion`` object. Its values are JSON already, so it is sent as it is rather
     than through FastAPI's encoder, which walks every value again (a cost per request)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if tool_calls:
+        message.update(content=text or None, tool_calls=chat_tool_calls_out(tool_calls))
     body = {
         "id": completion_id,
         "object": "chat.completion",
@@ -120,8 +148,8 @@ def _completion(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "finish_reason": "stop",
+                "message": message,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
                 "logprobs": None,
             }
         ],
@@ -176,13 +204,15 @@ async def chat_completions(
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     refuse_unsupported(body)
     answer_format = answer_format_of(body.response_format)
+    tools = tool_use(body.tools, body.tool_choice, body.parallel_tool_calls, nested=True)
     passthrough = body.model in service.worker_names
+    check_tools(service, body.model if passthrough else None, tools, body.messages)
     await admit(
         service, metrics, caller, starts_workflow=not passthrough, state=request_state(request)
     )
     if passthrough:
         return await _passthrough(
-            service, metrics, caller, body, created, include_usage, answer_format
+            service, metrics, caller, body, created, include_usage, answer_format, tools
         )
     if body.model not in service.variants:
         raise unknown_model(body.model)
@@ -246,20 +276,8 @@ async def submit_workflow(
 
 def refuse_unsupported(body: ChatCompletionRequest) -> None:
     """A 400 naming what this API cannot do, rather than a request silently half-honoured."""
-    if body.tools:
-        raise unsupported(
-            "tools",
-            "function calling is not supported: no worker is called with tools (describe what "
-            "a tool would do in the question instead)",
-        )
-    if body.tool_choice not in (None, "none", "auto"):
-        raise unsupported("tool_choice", 'only "none" or "auto" is accepted (there are no tools)')
     for i, message in enumerate(body.messages):
-        if message.role == "tool" or (message.model_extra or {}).get("tool_calls"):
-            raise unsupported(
-                f"messages[{i}]", "tool calls and tool results are not supported (no tools)"
-            )
-        if message.content is None:
+        if message.content is None and not (message.role == "assistant" and message.tool_calls):
             raise ApiError(400, f"messages[{i}].content: required", param=f"messages[{i}]")
         if isinstance(message.content, list):
             for j, part in enumerate(message.content):
@@ -274,8 +292,29 @@ def refuse_unsupported(body: ChatCompletionRequest) -> None:
                     )
 
 
-def unsupported(param: str, reason: str) -> ApiError:
-    return ApiError(400, f"{param}: {reason}", code="unsupported_parameter", param=param)
+def check_tools(
+    service: WorkflowService,
+    worker: str | None,
+    tools: ToolUse | None,
+    messages: list[ChatMessageIn],
+    messages_param: str | None = None,
+) -> None:
+    """Tools, tool calls and tool results where they have a meaning: on a direct call to a
+    worker whose wire format carries them, or (tools with tool_choice "none", and calls and
+    results as conversation) on a workflow; a 400 naming the field otherwise (a message by its
+    index, or ``messages_param`` when given)."""
+    if worker is None:
+        if tools is not None and tools.choice != "none":
+            raise refuse_for_workflow("tools")
+        return
+    spec = service.pool.get(worker)
+    if takes_tools(spec):
+        return
+    if tools is not None:
+        raise refuse_for_worker(spec, "tools")
+    for i, message in enumerate(messages):
+        if message.role == "tool" or message.tool_calls:
+            raise refuse_for_worker(spec, messages_param or f"messages[{i}]")
 
 
 def answer_format_of(response_format: Any) -> AnswerFormat | None:
@@ -445,11 +484,25 @@ async def _workflow_stream(
 
 
 def worker_messages(messages: list[ChatMessageIn]) -> list[ChatMessage]:
-    """The messages as a worker gets them (a developer message is a system message)."""
-    return [
-        ChatMessage(role="system" if m.role == "developer" else m.role, content=m.text)
-        for m in messages
-    ]
+    """The messages as a worker gets them (a developer message is a system message), tool
+    calls and results included; a 400 names a call or result that is not whole."""
+    out = []
+    for i, m in enumerate(messages):
+        if m.role == "tool" and m.tool_call_id is None:
+            raise ApiError(
+                400,
+                f"messages[{i}].tool_call_id: a tool result names the call it answers",
+                param=f"messages[{i}].tool_call_id",
+            )
+        out.append(
+            ChatMessage(
+                role="system" if m.role == "developer" else m.role,
+                content=m.text,
+                tool_calls=chat_tool_calls(m.tool_calls, f"messages[{i}].tool_calls"),
+                tool_call_id=m.tool_call_id if m.role == "tool" else None,
+            )
+        )
+    return out
 
 
 def check_passthrough(
@@ -475,10 +528,12 @@ async def _passthrough(
     created: int,
     include_usage: bool,
     answer_format: AnswerFormat | None = None,
+    tools: ToolUse | None = None,
 ) -> JSONResponse | StreamingResponse:
     check_passthrough(service, caller, body.model, body.conductor)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
-    call = worker_call(service, caller, body.model, worker_messages(body.messages), answer_format)
+    messages = worker_messages(body.messages)
+    call = worker_call(service, caller, body.model, messages, answer_format, tools)
 
     if body.stream:
         chunks = _Chunks(completion_id, body.model, created)
@@ -487,7 +542,13 @@ async def _passthrough(
     result = await call_worker(call, metrics, body.model)
     usage = openai_usage(result.usage)
     return _completion(
-        completion_id, body.model, created, result.text, usage, passthrough_field(result)
+        completion_id,
+        body.model,
+        created,
+        result.text,
+        usage,
+        passthrough_field(result),
+        result.tool_calls,
     )
 
 
@@ -497,17 +558,23 @@ def worker_call(
     worker: str,
     messages: list[ChatMessage],
     answer_format: AnswerFormat | None,
+    tools: ToolUse | None = None,
 ) -> Call:
     """The call to one worker, made when awaited (inside the stream, if streaming): told the
-    answer's form, if one is asked for, and its answer made to conform or failed."""
+    answer's form, if one is asked for, and its answer made to conform or failed (an answer
+    of tool calls has no text to conform)."""
     if answer_format is not None:
         messages = [*messages, ChatMessage(role="system", content=answer_format.instruction())]
 
     async def call() -> StepCallResult:
         result = await service.passthrough(
-            worker, messages, allowed_workers=caller.allowed_pool, tenant=caller.tenant
+            worker,
+            messages,
+            allowed_workers=caller.allowed_pool,
+            tenant=caller.tenant,
+            tools=tools,
         )
-        if answer_format is None:
+        if answer_format is None or result.tool_calls:
             return result
         try:
             text = answer_format.conform(result.text)
@@ -550,8 +617,13 @@ async def _passthrough_stream(
         yield data_line(error_body(error.status, error.message, code=error.code))
         yield DONE
         return
-    yield chunks.delta({"content": result.text})
-    yield chunks.delta({}, finish="stop", conductor=passthrough_field(result))
+    if result.text:
+        yield chunks.delta({"content": result.text})
+    if result.tool_calls:
+        calls = chat_tool_calls_out(result.tool_calls)
+        yield chunks.delta({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
+    finish = "tool_calls" if result.tool_calls else "stop"
+    yield chunks.delta({}, finish=finish, conductor=passthrough_field(result))
     if include_usage:
         yield chunks.usage(openai_usage(result.usage))
     yield DONE

@@ -19,8 +19,8 @@ from starlette.responses import Response
 
 from conductor.errors import InvalidRequest
 from conductor_api.auth import CallerDep
-from conductor_api.chat import chat_completions, unsupported
-from conductor_api.errors import ApiError
+from conductor_api.chat import chat_completions
+from conductor_api.errors import ApiError, unsupported
 from conductor_api.responses_request import checked_text
 from conductor_api.responses_schemas import CompletionRequest, TextCompletion
 from conductor_api.schemas import EVENT_STREAM, ChatCompletionRequest, ChatMessageIn

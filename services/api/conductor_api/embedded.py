@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 import httpx
 from sqlalchemy import Connection, text
 
-from conductor.chat import ChatMessage
+from conductor.chat import ChatMessage, ToolUse
 from conductor.errors import ConfigurationError, DatabaseUnavailableError
 from conductor.executor import WorkflowExecutor
 from conductor.machine import Cancelled, utcnow
@@ -169,9 +169,10 @@ class EmbeddedWorkflows(WorkflowService):
         *,
         allowed_workers: Collection[str] | None = None,
         tenant: str | None = None,
+        tools: ToolUse | None = None,
     ) -> StepCallResult:
         return await self.gateway.call(
-            worker, messages, allowed_workers=allowed_workers, tenant=tenant
+            worker, messages, allowed_workers=allowed_workers, tenant=tenant, tools=tools
         )
 
     async def readiness(self) -> dict[str, str]:

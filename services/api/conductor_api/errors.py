@@ -70,6 +70,11 @@ def without_addresses(text: str) -> str:
     return _ADDRESS.sub(HIDDEN_ADDRESS, _URL.sub(HIDDEN_ADDRESS, text))
 
 
+def unsupported(param: str, reason: str) -> ApiError:
+    """A 400 for what this API cannot do, naming the field that asks for it."""
+    return ApiError(400, f"{param}: {reason}", code="unsupported_parameter", param=param)
+
+
 def not_found(what: str) -> ApiError:
     return ApiError(404, f"{what} not found", code="not_found")
 

@@ -30,6 +30,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from conductor.answer_format import AnswerFormat
+from conductor.chat import ToolUse
 from conductor.ports import StepCallResult
 from conductor_adapters.store.responses import (
     StoredResponse,
@@ -44,22 +45,23 @@ from conductor_api.chat import (
     Call,
     call_worker,
     check_passthrough,
+    check_tools,
     completed_workflow,
     passthrough_field,
     submit_workflow,
     unknown_model,
-    unsupported,
     worker_call,
     worker_messages,
     workflow_failed,
     workflow_progress,
 )
-from conductor_api.errors import ApiError, not_found
+from conductor_api.errors import ApiError, not_found, unsupported
 from conductor_api.metrics import ApiMetrics
 from conductor_api.reads import load_workflow
 from conductor_api.responses_events import ResponseEvents
 from conductor_api.responses_objects import (
     STATUS,
+    output_items,
     parse_response_id,
     passthrough_object,
     response_object,
@@ -84,6 +86,7 @@ from conductor_api.responses_schemas import (
 from conductor_api.schemas import EVENT_STREAM, ChatMessageIn
 from conductor_api.service import CHAT_FIELDS, Caller, WorkflowService
 from conductor_api.sse import STREAM_HEADERS
+from conductor_api.tools import tool_use
 
 router = APIRouter(tags=["OpenAI-compatible"])
 
@@ -91,6 +94,7 @@ RESPONSE_FIELDS = dataclasses.replace(CHAT_FIELDS, question="input")
 MAX_ITEMS_PAGE = 100
 # Settings a request may carry that do not change the answer: kept and echoed.
 _ECHOED = (
+    "tools",
     "temperature",
     "top_p",
     "max_output_tokens",
@@ -157,8 +161,9 @@ async def _continued(
             param="previous_response_id",
         )
     history = previous.history + turns(previous.input_items)
-    if answer is not None:
-        history.append({"role": "assistant", "content": answer})
+    calls = (previous.output or {}).get("tool_calls") or []
+    if answer is not None or calls:
+        history += turns(output_items(previous, answer or "", calls))
     return history
 
 
@@ -168,6 +173,7 @@ async def _keep_passthrough(
     """Store a worker call's response with its answer (a workflow's answer is the workflow's)."""
     output = {
         "text": result.text,
+        "tool_calls": [call.model_dump() for call in result.tool_calls],
         "usage": responses_usage(result.usage),
         "conductor": passthrough_field(result),
     }
@@ -226,7 +232,8 @@ async def _passthrough_stream(
         yield events.failed(snapshot, "failed", error.message)
         return
     stored = await _keep_passthrough(service, stored, result)
-    for line in events.answered(stored, result.text, passthrough_object(stored)):
+    calls = [call.model_dump() for call in result.tool_calls]
+    for line in events.answered(stored, result.text, passthrough_object(stored), calls):
         yield line
 
 
@@ -254,6 +261,7 @@ async def create_response(
     metrics: ApiMetrics = request.app.state.metrics
     check_supported(body)
     answer_format = text_answer_format(body.text)
+    tools = tool_use(body.tools, body.tool_choice, body.parallel_tool_calls, nested=False)
     items = input_items(body.input)
     history: list[dict[str, str]] = []
     if body.previous_response_id is not None:
@@ -275,11 +283,14 @@ async def create_response(
     )
     messages = conversation(stored)
     passthrough = body.model in service.worker_names
+    check_tools(service, body.model if passthrough else None, tools, messages, "input")
     await admit(
         service, metrics, caller, starts_workflow=not passthrough, state=request_state(request)
     )
     if passthrough:
-        return await _passthrough(service, metrics, caller, body, stored, messages, answer_format)
+        return await _passthrough(
+            service, metrics, caller, body, stored, messages, answer_format, tools
+        )
     if body.model not in service.variants:
         raise unknown_model(body.model)
     workflow_id, timeout_s = await submit_workflow(
@@ -313,11 +324,16 @@ async def _passthrough(
     stored: StoredResponse,
     messages: list[ChatMessageIn],
     answer_format: AnswerFormat | None,
+    tools: ToolUse | None,
 ) -> JSONResponse | StreamingResponse:
     check_passthrough(service, caller, body.model, body.conductor)
     if not any(m.role == "user" for m in messages):
         raise invalid("input", "include at least one user message")
-    call = worker_call(service, caller, body.model, worker_messages(messages), answer_format)
+    try:
+        worker_input = worker_messages(messages)
+    except ApiError as error:  # the calls and outputs were checked as items: a broken pairing
+        raise invalid("input", error.message) from None
+    call = worker_call(service, caller, body.model, worker_input, answer_format, tools)
 
     if body.stream:
         stream = _passthrough_stream(service, metrics, stored, call)

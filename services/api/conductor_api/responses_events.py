@@ -11,7 +11,12 @@ import json
 from typing import Any
 
 from conductor_adapters.store.responses import StoredResponse
-from conductor_api.responses_objects import output_item, output_item_id, text_part
+from conductor_api.responses_objects import (
+    function_call_item,
+    output_item,
+    output_item_id,
+    text_part,
+)
 
 
 class ResponseEvents:
@@ -32,8 +37,44 @@ class ResponseEvents:
             self.event("response.in_progress", response=snapshot),
         ]
 
-    def answered(self, stored: StoredResponse, text: str, final: dict[str, Any]) -> list[str]:
-        """From the output item's start to ``response.completed``."""
+    def answered(
+        self,
+        stored: StoredResponse,
+        text: str,
+        final: dict[str, Any],
+        calls: list[dict[str, Any]] | None = None,
+    ) -> list[str]:
+        """From the first output item's start to ``response.completed``: the text's message
+        (unless the answer is function calls alone), then each function call."""
+        calls = calls or []
+        lines = [] if calls and not text else self._message(stored, text)
+        for i, call in enumerate(calls):
+            lines += self._function_call(stored, len(lines) > 0, i, call)
+        return [*lines, self.event("response.completed", response=final)]
+
+    def _function_call(
+        self, stored: StoredResponse, after_text: bool, index: int, call: dict[str, Any]
+    ) -> list[str]:
+        output_index = index + (1 if after_text else 0)
+        done = function_call_item(stored, index, call, "completed")
+        where = {"item_id": done["id"], "output_index": output_index}
+        return [
+            self.event(
+                "response.output_item.added",
+                output_index=output_index,
+                item=function_call_item(stored, index, call, "in_progress"),
+            ),
+            self.event("response.function_call_arguments.delta", **where, delta=done["arguments"]),
+            self.event(
+                "response.function_call_arguments.done",
+                **where,
+                name=done["name"],
+                arguments=done["arguments"],
+            ),
+            self.event("response.output_item.done", output_index=output_index, item=done),
+        ]
+
+    def _message(self, stored: StoredResponse, text: str) -> list[str]:
         where = {"item_id": output_item_id(stored), "output_index": 0, "content_index": 0}
         return [
             self.event(
@@ -50,7 +91,6 @@ class ResponseEvents:
                 output_index=0,
                 item=output_item(stored, text, "completed"),
             ),
-            self.event("response.completed", response=final),
         ]
 
     def failed(self, response: dict[str, Any], status: str, message: str) -> str:

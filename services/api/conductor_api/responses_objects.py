@@ -72,6 +72,30 @@ def output_item(stored: StoredResponse, text: str, status: str) -> dict[str, Any
     }
 
 
+def function_call_item(
+    stored: StoredResponse, index: int, call: dict[str, Any], status: str
+) -> dict[str, Any]:
+    """A function call the worker asked for (``call``: a ToolCall's fields), as an output item;
+    its id is derived from the response's, like the message's."""
+    return {
+        "id": f"fc_{stored.id.hex}_{index}",
+        "type": "function_call",
+        "call_id": call["id"],
+        "name": call["name"],
+        "arguments": call["arguments"] if status == "completed" else "",
+        "status": status,
+    }
+
+
+def output_items(
+    stored: StoredResponse, text: str, calls: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The answer's output items: its text as a message (unless it is calls alone), then each
+    function call."""
+    items = [] if calls and not text else [output_item(stored, text, "completed")]
+    return items + [function_call_item(stored, i, c, "completed") for i, c in enumerate(calls)]
+
+
 def text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
@@ -85,6 +109,7 @@ def response_object(
     conductor: dict[str, Any],
     error: str | None = None,
     completed_at: datetime | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The response as it stands. The settings Conductor takes but does not act on are echoed
     as sent; those it refuses have their one accepted value."""
@@ -96,7 +121,7 @@ def response_object(
         "completed_at": int(completed_at.timestamp()) if completed_at else None,
         "status": status,
         "model": stored.model,
-        "output": [] if text is None else [output_item(stored, text, "completed")],
+        "output": [] if text is None else output_items(stored, text, tool_calls or []),
         "usage": usage,
         "error": None if error is None else {"code": "server_error", "message": error},
         "incomplete_details": None,
@@ -111,7 +136,7 @@ def response_object(
         "top_p": settings.get("top_p"),
         "parallel_tool_calls": settings.get("parallel_tool_calls", True),
         "tool_choice": settings.get("tool_choice", "auto"),
-        "tools": [],
+        "tools": settings.get("tools", []),
         "truncation": "disabled",
         "text": {"format": {"type": "text"}, "verbosity": "medium"},
         "reasoning": {"effort": None, "summary": None},
@@ -148,4 +173,5 @@ def passthrough_object(stored: StoredResponse) -> dict[str, Any]:
         usage=output.get("usage"),
         conductor=output.get("conductor", {}),
         completed_at=stored.created_at,
+        tool_calls=output.get("tool_calls") or [],
     )

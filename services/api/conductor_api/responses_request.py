@@ -14,13 +14,14 @@ from typing import Any, Literal, cast
 from conductor.answer_format import AnswerFormat
 from conductor.orchestration import MAX_QUESTION_CHARS
 from conductor_adapters.store.responses import StoredResponse
-from conductor_api.chat import render_question, unsupported
-from conductor_api.errors import ApiError
+from conductor_api.chat import render_question
+from conductor_api.errors import ApiError, unsupported
 from conductor_api.responses_schemas import ResponseCreateRequest
 from conductor_api.schemas import MAX_MESSAGES, ChatMessageIn
+from conductor_api.tools import tool_call
 
 ROLES = ("user", "system", "developer", "assistant")
-Role = Literal["user", "system", "developer", "assistant"]
+Role = Literal["user", "system", "developer", "assistant", "tool"]
 TEXT_PARTS = ("input_text", "output_text")
 # Fields with no neutral value but null (or an object of nulls): any other is refused.
 _REFUSED = {
@@ -68,14 +69,6 @@ def check_supported(body: ResponseCreateRequest) -> None:
     value that asks for nothing; and every field the API does not know."""
     for name in body.model_extra or {}:
         raise ApiError(400, f"{name}: unknown parameter", code="unknown_parameter", param=name)
-    if body.tools:
-        raise unsupported(
-            "tools",
-            "tools are not supported: a workflow's workers answer with text and no tool call "
-            "comes back to the client; send [] or leave it out",
-        )
-    if body.tool_choice not in (None, "auto", "none"):
-        raise unsupported("tool_choice", 'with no tools, only "auto" or "none"')
     if body.truncation not in (None, "disabled"):
         raise unsupported(
             "truncation",
@@ -157,8 +150,9 @@ def _part_text(part: Any, param: str) -> str:
     raise invalid(f"{param}.type", 'expected "input_text" or "output_text"')
 
 
-def _message(item: Any, index: int) -> dict[str, Any]:
-    """One input item as stored: a message with an id and text parts."""
+def _item(item: Any, index: int) -> dict[str, Any]:
+    """One input item as stored: a message with an id and text parts, a function call, or a
+    function call's output."""
     param = f"input.{index}"
     if not isinstance(item, dict):
         raise invalid(param, "expected an input item object")
@@ -167,12 +161,51 @@ def _message(item: Any, index: int) -> dict[str, Any]:
         raise unsupported(
             param, "item references are not supported; send the message or previous_response_id"
         )
+    if kind == "function_call":
+        return _function_call(item, param)
+    if kind == "function_call_output":
+        return _function_call_output(item, param)
     if kind != "message":
         raise unsupported(
             f"{param}.type",
-            f"{kind!r} items are not supported: a workflow takes messages only "
-            "(no tool calls, tool outputs or reasoning items)",
+            f"{kind!r} items are not supported: messages, function calls and their outputs "
+            "only (no reasoning items or built-in tools)",
         )
+    return _message(item, param)
+
+
+def _function_call(item: dict[str, Any], param: str) -> dict[str, Any]:
+    call = tool_call(item.get("call_id"), item.get("name"), item.get("arguments"), param)
+    checked_text(call.arguments, f"{param}.arguments")
+    ident = item.get("id")
+    return {
+        "id": ident if isinstance(ident, str) and ident else f"fc_{uuid.uuid4().hex}",
+        "type": "function_call",
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "status": "completed",
+    }
+
+
+def _function_call_output(item: dict[str, Any], param: str) -> dict[str, Any]:
+    call_id, output = item.get("call_id"), item.get("output")
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid(f"{param}.call_id", "a function call's output names the call it answers")
+    if isinstance(output, list):  # parts, as newer SDKs may send them
+        output = "".join(_part_text(p, f"{param}.output.{i}") for i, p in enumerate(output))
+    if not isinstance(output, str):
+        raise invalid(f"{param}.output", "expected a string or a list of text parts")
+    return {
+        "id": f"fco_{uuid.uuid4().hex}",
+        "type": "function_call_output",
+        "call_id": call_id,
+        "output": checked_text(output, f"{param}.output"),
+        "status": "completed",
+    }
+
+
+def _message(item: dict[str, Any], param: str) -> dict[str, Any]:
     role = item.get("role")
     if role not in ROLES:
         raise invalid(f"{param}.role", f"expected one of {', '.join(ROLES)}")
@@ -205,35 +238,53 @@ def _stored_part(role: str, text: str) -> dict[str, Any]:
 def input_items(raw: Any) -> list[dict[str, Any]]:
     """The request's input as stored messages; a 400 naming the item and part at fault."""
     if isinstance(raw, str):
-        return [_message({"role": "user", "content": raw}, 0)]
+        return [_message({"role": "user", "content": raw}, "input.0")]
     if not isinstance(raw, list) or not raw:
         raise invalid("input", "expected a string or a non-empty list of input items")
     if len(raw) > MAX_MESSAGES:
         raise invalid("input", f"at most {MAX_MESSAGES} items, not {len(raw)}")
-    return [_message(item, i) for i, item in enumerate(raw)]
+    return [_item(item, i) for i, item in enumerate(raw)]
 
 
-def turns(items: list[dict[str, Any]]) -> list[dict[str, str]]:
-    """Stored input items as conversation turns (role and text)."""
-    return [
-        {
-            "role": item["role"],
-            "content": "".join(str(p.get("text", "")) for p in item.get("content", [])),
-        }
-        for item in items
-    ]
+def turns(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Stored input items as chat turns: a message's role and text; function calls joined to
+    the assistant turn they follow (calls made together are one turn); an output as a tool
+    turn naming its call."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
+            if not out or out[-1]["role"] != "assistant":
+                out.append({"role": "assistant", "content": ""})
+            out[-1].setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "content": item["output"], "tool_call_id": item["call_id"]})
+        else:
+            text = "".join(str(p.get("text", "")) for p in item.get("content", []))
+            out.append({"role": item["role"], "content": text})
+    return out
 
 
 def conversation(stored: StoredResponse) -> list[ChatMessageIn]:
     """Instructions, the earlier conversation, then this input, as chat messages."""
-    messages = []
+    messages: list[dict[str, Any]] = []
     if stored.instructions:
         messages.append({"role": "system", "content": stored.instructions})
     messages += stored.history + turns(stored.input_items)
     # Built without validation: an earlier answer may be longer than one message may be; the
     # question as a whole is checked when the workflow is submitted.
     return [
-        ChatMessageIn.model_construct(role=cast(Role, m["role"]), content=m["content"])
+        ChatMessageIn.model_construct(
+            role=cast(Role, m["role"]),
+            content=m["content"],
+            tool_calls=m.get("tool_calls"),
+            tool_call_id=m.get("tool_call_id"),
+        )
         for m in messages
     ]
 

@@ -125,8 +125,13 @@ class ResponseCreateRequest(BaseModel):
     parallel_tool_calls: bool | None = Field(default=None, strict=True)
     max_tool_calls: int | None = Field(default=None, ge=0, strict=True)
     # Accepted with their neutral values only.
-    tools: list[Any] | None = Field(default=None, description="Only [] (no tools).")
-    tool_choice: Any = Field(default=None, description='Only "auto" or "none" (no tools).')
+    tools: list[Any] | None = Field(
+        default=None,
+        max_length=128,
+        description="Function tools, passed to a worker called directly whose wire format "
+        'takes them; a workflow takes them only with tool_choice "none".',
+    )
+    tool_choice: Any = Field(default=None, description='"auto", "none", "required" or a function.')
     truncation: Any = Field(default=None, description='Only "disabled".')
     include: list[Any] | None = Field(default=None, description="Only [].")
     text: Any = Field(default=None, description='Only {"format": {"type": "text"}}.')

@@ -88,12 +88,14 @@ class ContentPart(BaseModel):
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    # "tool" parses, to be refused with its reason (no worker is called with tools).
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: ContentText | Annotated[list[ContentPart], Field(max_length=MAX_MESSAGES)] | None = (
         None
     )
     name: Name | None = None
+    # An assistant turn's calls (checked where they are read, to name the one at fault).
+    tool_calls: list[Any] | None = Field(default=None, max_length=128)
+    tool_call_id: str | None = Field(default=None, min_length=1, max_length=200)
 
     @field_validator("content")
     @classmethod
@@ -163,11 +165,15 @@ class ChatCompletionRequest(BaseModel):
         "schema), checked before it is returned.",
     )
     tools: list[dict[str, Any]] | None = Field(
-        default=None, description="Not supported: a non-empty list is refused."
+        default=None,
+        max_length=128,
+        description="Function tools, passed to a worker called directly whose wire format "
+        'takes them; a workflow takes them only with tool_choice "none".',
     )
     tool_choice: str | dict[str, Any] | None = Field(
-        default=None, description='Only "none" or "auto" without tools.'
+        default=None, description='"auto", "none", "required" or one function.'
     )
+    parallel_tool_calls: bool | None = Field(default=None, strict=True)
 
 
 class WorkflowSubmission(BaseModel):
@@ -312,16 +318,28 @@ class ErrorResponse(BaseModel):
 # same JSON directly, without a second walk through these models) --------------------------
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="JSON text, as the model wrote it.")
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None = Field(description="Null when the worker answered with tool calls.")
     refusal: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class CompletionChoice(BaseModel):
     index: int
     message: AssistantMessage
-    finish_reason: Literal["stop"]
+    finish_reason: Literal["stop", "tool_calls"]
     logprobs: None = None
 
 

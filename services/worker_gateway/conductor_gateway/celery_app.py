@@ -154,6 +154,7 @@ class GatewayProcess:
                     request.messages,
                     allowed_workers=request.allowed_workers,
                     tenant=request.tenant,
+                    tools=request.tools,
                 )
             return CallReply(**base, ok=True, result=result, attempts=result.attempts)
         except TimeoutError:

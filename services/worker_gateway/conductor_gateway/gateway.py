@@ -13,9 +13,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from conductor.chat import ChatMessage, Completion
+from conductor.chat import ChatMessage, Completion, ToolUse
 from conductor.errors import (
     ProviderAuthError,
     ProviderTimeout,
@@ -25,7 +26,7 @@ from conductor.errors import (
     WorkerUnavailable,
 )
 from conductor.pool import Pool, WorkerSpec
-from conductor.ports import ChatWorker, StepCallResult
+from conductor.ports import ChatWorker, StepCallResult, ToolCallingWorker
 from conductor.streaming import collect_stream
 from conductor.workflow import AttemptRecord, attempts_total
 from conductor_gateway.metrics import GatewayMetrics
@@ -37,6 +38,15 @@ logger = logging.getLogger(__name__)
 # A fallback is worth trying when the worker is down or refuses our key, not when the request
 # itself was rejected (a 400 would be rejected by the fallback as well).
 FALLBACK_ON = (ProviderAuthError, QuotaExhausted, WorkerUnavailable)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What one step's call sends, whichever worker of its fallbacks answers it."""
+
+    messages: Sequence[ChatMessage]
+    tenant: str | None
+    tools: ToolUse | None
 
 
 class WorkerGateway:
@@ -82,6 +92,7 @@ class WorkerGateway:
         *,
         allowed_workers: Collection[str] | None = None,
         tenant: str | None = None,
+        tools: ToolUse | None = None,
     ) -> StepCallResult:
         spec = self.pool.get(worker)
         allowed = None if allowed_workers is None else frozenset(allowed_workers)
@@ -96,11 +107,14 @@ class WorkerGateway:
             if name not in self.workers:
                 errors.append(f"{name}: not callable here")
                 continue
+            if tools is not None and not isinstance(self.workers[name], ToolCallingWorker):
+                errors.append(f"{name}: its wire format takes no tools")
+                continue
             if name != worker and self.metrics is not None:
                 self.metrics.fallback(self.pool.get(name))
             try:
                 completion = await self._call_with_retries(
-                    self.pool.get(name), messages, attempts, tenant
+                    self.pool.get(name), _Call(messages, tenant, tools), attempts
                 )
             except WorkerError as exc:
                 errors.append(f"{name}: {type(exc).__name__}: {exc}")
@@ -115,20 +129,17 @@ class WorkerGateway:
                 usage=usage,
                 cost_usd=cost,
                 attempts=attempts,
+                tool_calls=list(completion.tool_calls),
             )
         raise StepCallFailed("; ".join(errors) or f"{worker}: no attempt made", attempts)
 
     async def _call_with_retries(
-        self,
-        spec: WorkerSpec,
-        messages: Sequence[ChatMessage],
-        attempts: list[AttemptRecord],
-        tenant: str | None,
+        self, spec: WorkerSpec, call: _Call, attempts: list[AttemptRecord]
     ) -> Completion:
         for tries in range(1, self.policy.max_attempts + 1):
             made = len(attempts)
             try:
-                completion = await self._attempt(spec, messages, attempts, tenant)
+                completion = await self._attempt(spec, call, attempts)
             except WorkerError as exc:
                 self._observe(spec, attempts, made)
                 if not self.policy.should_retry(exc, tries):
@@ -155,16 +166,12 @@ class WorkerGateway:
             self.metrics.attempt(spec, attempts[-1])
 
     async def _attempt(
-        self,
-        spec: WorkerSpec,
-        messages: Sequence[ChatMessage],
-        attempts: list[AttemptRecord],
-        tenant: str | None,
+        self, spec: WorkerSpec, call: _Call, attempts: list[AttemptRecord]
     ) -> Completion:
         """One provider call under the worker's quotas (taking the tenant's fair turn among the
         calls waiting); recorded whatever happens."""
-        estimate = estimate_tokens(messages, spec.max_tokens)
-        lease = await self.quotas.acquire(spec.name, spec.quotas, estimate, tenant)
+        estimate = estimate_tokens(call.messages, spec.max_tokens, call.tools)
+        lease = await self.quotas.acquire(spec.name, spec.quotas, estimate, call.tenant)
         started_at, clock = datetime.now(UTC), time.perf_counter()
         record = AttemptRecord(
             number=len(attempts) + 1,
@@ -176,7 +183,7 @@ class WorkerGateway:
         attempts.append(record)
         tokens: int | None = None  # None keeps the estimate: the real count is unknown
         try:
-            completion = await self._call_provider(spec, messages)
+            completion = await self._call_provider(spec, call)
             tokens = completion.usage.total_tokens
         except WorkerError as exc:
             # An error status means the provider generated nothing; a broken call may have.
@@ -195,10 +202,18 @@ class WorkerGateway:
         record.cost_usd = spec.price.cost(completion.usage)
         return completion
 
-    async def _call_provider(self, spec: WorkerSpec, messages: Sequence[ChatMessage]) -> Completion:
-        worker = self.workers[spec.name]
+    async def _call_provider(self, spec: WorkerSpec, call: _Call) -> Completion:
+        worker, messages = self.workers[spec.name], call.messages
         try:
             async with asyncio.timeout(spec.timeout_s):
+                if call.tools is not None and isinstance(worker, ToolCallingWorker):
+                    # Whole, not streamed: the calls come back as one answer to the client.
+                    return await worker.complete_with_tools(
+                        messages,
+                        call.tools,
+                        max_tokens=spec.max_tokens,
+                        temperature=spec.temperature,
+                    )
                 if spec.stream:
                     events = worker.stream(
                         messages, max_tokens=spec.max_tokens, temperature=spec.temperature

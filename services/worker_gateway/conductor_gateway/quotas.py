@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from conductor.chat import ChatMessage
+from conductor.chat import ChatMessage, ToolUse
 from conductor.pool import Quotas
 
 MAX_POLL_S = 0.25  # how often a call waiting for a concurrency slot looks again
@@ -70,10 +70,18 @@ class QuotaStore(Protocol):
         (fair between tenants; None is one tenant of its own), then take its share."""
 
 
-def estimate_tokens(messages: Sequence[ChatMessage], max_tokens: int) -> int:
-    """What a call may spend before its real count is known: the prompt at about four
-    characters a token (plus a few per message), and the whole output budget."""
-    prompt = sum(math.ceil(len(m.content) / 4) + 4 for m in messages)
+def estimate_tokens(
+    messages: Sequence[ChatMessage], max_tokens: int, tools: ToolUse | None = None
+) -> int:
+    """What a call may spend before its real count is known: the prompt (tools' schemas and
+    calls included) at about four characters a token (plus a few per message), and the whole
+    output budget."""
+    prompt = sum(
+        math.ceil((len(m.content) + sum(len(c.arguments) for c in m.tool_calls)) / 4) + 4
+        for m in messages
+    )
+    if tools is not None:
+        prompt += math.ceil(len(tools.model_dump_json()) / 4)
     return prompt + max_tokens
 
 

@@ -28,7 +28,7 @@ class StoredResponse(BaseModel):
     workflow_id: uuid.UUID | None
     store: bool
     input_items: list[dict[str, Any]]
-    history: list[dict[str, str]]
+    history: list[dict[str, Any]]  # chat turns: role, content, tool_calls, tool_call_id
     instructions: str | None
     previous_response_id: str | None
     settings: dict[str, Any]

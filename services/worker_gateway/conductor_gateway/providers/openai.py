@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from conductor.chat import ChatMessage, Completion
+from conductor.chat import ChatMessage, Completion, ToolUse
 from conductor.pool import Provider, WorkerSpec
 from conductor.streaming import StreamEvent
 from conductor_adapters.openai_wire import OpenAIChatClient
@@ -50,6 +50,18 @@ class OpenAICompatibleWorker(HttpWorker):
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> Completion:
         return await self._chat.chat(messages, max_tokens=max_tokens, temperature=temperature)
+
+    async def complete_with_tools(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: ToolUse,
+        *,
+        max_tokens: int,
+        temperature: float,
+    ) -> Completion:
+        return await self._chat.chat(
+            messages, max_tokens=max_tokens, temperature=temperature, tools=tools
+        )
 
     def stream(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float

@@ -1,0 +1,156 @@
+"""Function calling on the OpenAI-compatible surfaces: the tools a client offers, the calls a
+worker asks for, and their results, read from the Chat Completions and Responses wire forms.
+
+Tools reach a worker only on a direct call (model = a worker's name) to a worker whose wire
+format carries them (``TOOL_CALLING_PROVIDERS``): the worker's calls go back to the client,
+which runs them and sends their results in the next request. A workflow calls no client
+function: its tools are accepted only with ``tool_choice: "none"`` (nothing may be called);
+tool calls and results in its conversation are read as part of the conversation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from conductor.chat import ToolCall, ToolSpec, ToolUse
+from conductor.pool import TOOL_CALLING_PROVIDERS, WorkerSpec
+from conductor_api.errors import ApiError, unsupported
+
+CHOICES = ("auto", "none", "required")
+TOOL_WORKERS = ", ".join(sorted(p.value for p in TOOL_CALLING_PROVIDERS))
+
+
+def invalid(param: str, reason: str) -> ApiError:
+    return ApiError(400, f"{param}: {reason}", param=param)
+
+
+def _tool_spec(function: Any, param: str) -> ToolSpec:
+    if not isinstance(function, Mapping):
+        raise invalid(param, "expected a function object")
+    parameters = function.get("parameters")
+    if parameters is not None and not isinstance(parameters, Mapping):
+        raise invalid(f"{param}.parameters", "expected a JSON Schema object")
+    try:
+        return ToolSpec(
+            name=function.get("name"),
+            description=function.get("description"),
+            parameters=parameters,
+            strict=function.get("strict"),
+        )
+    except ValidationError as exc:
+        where = ".".join(str(p) for p in exc.errors()[0]["loc"])
+        raise invalid(f"{param}.{where}", exc.errors()[0]["msg"]) from None
+
+
+def _tool_list(raw: list[Any], nested: bool) -> list[ToolSpec]:
+    """``nested``: Chat Completions' ``{"type": "function", "function": {...}}``; else the
+    Responses API's flat ``{"type": "function", "name": ...}``."""
+    specs = []
+    for i, tool in enumerate(raw):
+        param = f"tools[{i}]"
+        if not isinstance(tool, Mapping):
+            raise invalid(param, "expected a tool object")
+        if tool.get("type") != "function":
+            raise unsupported(
+                f"{param}.type",
+                f"{tool.get('type')!r} tools are not supported: function tools only",
+            )
+        function = tool.get("function") if nested else tool
+        specs.append(_tool_spec(function, f"{param}.function" if nested else param))
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise invalid("tools", "two tools share a name")
+    return specs
+
+
+def _choice(raw: Any, names: list[str]) -> str:
+    if raw is None:
+        return "auto"
+    if isinstance(raw, str):
+        if raw not in CHOICES:
+            expected = '"auto", "none", "required" or a function'
+            raise invalid("tool_choice", f"expected {expected}, not {raw!r}")
+        return raw
+    if isinstance(raw, Mapping) and raw.get("type") == "function":
+        function = raw.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else raw.get("name")
+        if name not in names:
+            raise invalid("tool_choice", f"names no offered tool: {name!r}")
+        return str(name)
+    raise unsupported("tool_choice", "only auto, none, required or one function")
+
+
+def tool_use(
+    tools: list[Any] | None, choice: Any, parallel: bool | None, *, nested: bool
+) -> ToolUse | None:
+    """The tools offered and how they may be used; None when none are offered."""
+    if not tools:
+        if choice not in (None, "auto", "none"):
+            raise invalid("tool_choice", 'with no tools, only "auto" or "none"')
+        return None
+    specs = _tool_list(tools, nested)
+    choice = _choice(choice, [s.name for s in specs])
+    return ToolUse(tools=tuple(specs), choice=choice, parallel=parallel)
+
+
+def takes_tools(spec: WorkerSpec) -> bool:
+    return spec.provider in TOOL_CALLING_PROVIDERS
+
+
+def refuse_for_worker(spec: WorkerSpec, param: str) -> ApiError:
+    return unsupported(
+        param,
+        f"worker {spec.name!r} ({spec.provider.value}) is not called with tools: function "
+        f"calling goes to workers on the OpenAI wire format ({TOOL_WORKERS})",
+    )
+
+
+def refuse_for_workflow(param: str) -> ApiError:
+    return unsupported(
+        param,
+        "a Conductor workflow does not call your functions: call a worker directly (model = "
+        'its name) for function calling, or send tool_choice "none"',
+    )
+
+
+def chat_tool_calls(raw: Any, param: str) -> tuple[ToolCall, ...]:
+    """An assistant message's ``tool_calls`` as Chat Completions sends them back."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise invalid(param, "expected a list of tool calls")
+    calls = []
+    for i, call in enumerate(raw):
+        where = f"{param}[{i}]"
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping):
+            raise invalid(where, 'expected {"id", "type": "function", "function": {...}}')
+        name, arguments = function.get("name"), function.get("arguments")
+        calls.append(tool_call(call.get("id"), name, arguments, where))
+    return tuple(calls)
+
+
+def tool_call(ident: Any, name: Any, arguments: Any, param: str) -> ToolCall:
+    if not isinstance(ident, str) or not ident:
+        raise invalid(param, "a tool call needs its id")
+    if not isinstance(name, str) or not name:
+        raise invalid(param, "a tool call needs its function's name")
+    if not isinstance(arguments, str):
+        raise invalid(param, "a tool call's arguments are a JSON string")
+    return ToolCall(id=ident, name=name, arguments=arguments)
+
+
+def describe_calls(calls: tuple[ToolCall, ...]) -> str:
+    """Tool calls as a workflow's conversation shows them."""
+    return "\n".join(f"[called {c.name}({c.arguments})]" for c in calls)
+
+
+def chat_tool_calls_out(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """A worker's calls as a ``chat.completion`` message carries them."""
+    return [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in calls
+    ]
