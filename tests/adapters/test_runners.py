@@ -8,7 +8,13 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Engine, select
 
-from conductor_adapters.store.models import event_table, runner_table, workflow_table
+from conductor_adapters.store.keys import create_key, set_webhook
+from conductor_adapters.store.models import (
+    event_table,
+    runner_table,
+    webhook_delivery_table,
+    workflow_table,
+)
 from conductor_adapters.store.runners import (
     ORPHANED,
     beat,
@@ -93,3 +99,27 @@ def test_a_runner_taken_for_dead_registers_again_when_it_beats(engine: Engine) -
             select(runner_table.c.heartbeat_at).where(runner_table.c.id == "slow")
         ).scalar_one()
     assert heartbeat.replace(tzinfo=UTC) == T0 + timedelta(seconds=5)
+
+
+def test_a_failed_orphan_is_delivered_to_its_webhook(engine: Engine) -> None:
+    # Given a dead runner's job, submitted with a key that has a webhook URL and a secret
+    key = create_key(engine, "acme").key
+    set_webhook(engine, key.id, "https://hooks.example.com/conductor")
+    register_runner(engine, "dead", T0)
+    orphan = _workflow(engine, "running", "dead")
+    with engine.begin() as conn:
+        conn.execute(
+            workflow_table.update().where(workflow_table.c.id == orphan).values(key_id=key.id)
+        )
+
+    # When it is failed as an orphan
+    fail_orphans(engine, T0 + timedelta(seconds=60), stale_after_s=30)
+
+    # Then its outcome waits to be delivered there, as any ended workflow's does
+    with engine.connect() as conn:
+        [delivery] = conn.execute(
+            select(webhook_delivery_table).where(webhook_delivery_table.c.workflow_id == orphan)
+        ).mappings()
+    assert delivery["url"] == "https://hooks.example.com/conductor"
+    assert (delivery["event_type"], delivery["status"]) == ("workflow.failed", "pending")
+    assert delivery["payload"]["data"]["error"] == ORPHANED

@@ -35,6 +35,7 @@ from conductor.workflow import (
     WorkflowStatus,
 )
 from conductor_adapters.store.models import event_table, runner_table, step_table, workflow_table
+from conductor_adapters.webhooks import record_delivery
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +104,8 @@ def fail_orphans(
 
 def _fail(conn: Connection, row: dict[str, Any], now: datetime) -> bool:
     """One orphan failed: its row (only if still active: another runtime may have got there
-    first), its unfinished steps cancelled, and a final ``failed`` event after its last one."""
+    first), its unfinished steps cancelled, a final ``failed`` event after its last one, and
+    its webhook's delivery."""
     workflow_id = row["id"]
     claimed = conn.execute(
         update(workflow_table)
@@ -122,15 +124,17 @@ def _fail(conn: Connection, row: dict[str, Any], now: datetime) -> bool:
     last = conn.execute(
         select(func.max(event_table.c.sequence)).where(event_table.c.workflow_id == workflow_id)
     ).scalar()
+    record = _record(row, now)
     conn.execute(
         insert(event_table).values(
             workflow_id=workflow_id,
             sequence=(last or 0) + 1,
             kind=EventKind.FAILED.value,
             at=now,
-            payload=_record(row, now).model_dump(mode="json"),
+            payload=record.model_dump(mode="json"),
         )
     )
+    record_delivery(conn, record, now)  # its webhook is told, as of any workflow that ends
     return True
 
 
