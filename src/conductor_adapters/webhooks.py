@@ -25,9 +25,10 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
-from typing import Any
+from typing import Any, Literal
 
 import httpx
+from pydantic import BaseModel, Field
 from sqlalchemy import Connection, Engine, insert, select, update
 from standardwebhooks import Webhook
 
@@ -332,3 +333,30 @@ def _post_pinned(
         except (httpx.ConnectError, httpx.ConnectTimeout):
             continue  # the next address, as a connection by name would try it
     return send(last)
+
+
+class DeliveryView(BaseModel):
+    """A webhook delivery as its tenant reads it: where it goes, how it stands, every attempt
+    (``{at, status_code, error, duration_ms}``, oldest first)."""
+
+    id: str = Field(description="The webhook-id header every attempt carries.")
+    object: Literal["webhook.delivery"] = "webhook.delivery"
+    url: str
+    event_type: str
+    status: Literal["pending", "delivered", "failed"]
+    attempts: list[dict[str, Any]]
+    next_attempt_at: datetime | None
+    created_at: datetime
+    delivered_at: datetime | None
+
+
+def load_deliveries(engine: Engine, workflow_id: uuid.UUID, tenant: str) -> list[DeliveryView]:
+    """The deliveries of the tenant's workflow, oldest first (none for another tenant's)."""
+    table = webhook_delivery_table
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(table)
+            .where(table.c.workflow_id == workflow_id, table.c.tenant == tenant)
+            .order_by(table.c.created_at, table.c.id)
+        ).mappings()
+        return [DeliveryView.model_validate(dict(row)) for row in rows]

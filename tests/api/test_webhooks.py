@@ -77,12 +77,22 @@ def test_a_jobs_outcome_reaches_its_callback_url_signed(
     assert event["data"]["metadata"] == {"ticket": "T-7"}
     [headers] = receiver.attempts
     assert headers["webhook-id"].startswith("msg_")
-    deadline = time.monotonic() + 10
-    while _deliveries(api, workflow_id)[0]["status"] != "delivered" and time.monotonic() < deadline:
-        time.sleep(0.1)
-    [delivery] = _deliveries(api, workflow_id)
+    # And the tenant reads the delivery through the API, every attempt with it
+    with httpx.Client(base_url=api.url, headers={"Authorization": f"Bearer {key}"}) as http:
+        deadline = time.monotonic() + 10
+        while True:
+            listed = http.get(f"/v1/workflows/{workflow_id}/webhooks")
+            assert listed.status_code == 200, listed.text
+            [delivery] = listed.json()["data"]
+            if delivery["status"] == "delivered" or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
     assert delivery["status"] == "delivered"
+    assert (delivery["id"], delivery["url"]) == (headers["webhook-id"], receiver.url)
+    assert delivery["event_type"] == "workflow.completed"
     assert [a["status_code"] for a in delivery["attempts"]] == [204]
+    with api.http(api.other_key) as other:  # another tenant's workflow: not found
+        assert other.get(f"/v1/workflows/{workflow_id}/webhooks").status_code == 404
 
 
 def test_a_callback_url_needs_a_key_that_signs(api: Api) -> None:

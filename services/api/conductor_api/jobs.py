@@ -15,7 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from conductor_adapters.webhooks import check_url
+from conductor_adapters.webhooks import check_url, load_deliveries
 from conductor_api.admission import admit, request_state
 from conductor_api.auth import CallerDep
 from conductor_api.errors import ApiError, not_found, runs_elsewhere
@@ -28,6 +28,7 @@ from conductor_api.reads import (
     load_events,
     load_workflow,
     store_feedback,
+    workflow_status,
 )
 from conductor_api.schemas import (
     EVENT_STREAM,
@@ -35,6 +36,7 @@ from conductor_api.schemas import (
     EventView,
     Feedback,
     FeedbackStored,
+    WebhookDeliveryList,
     WorkflowAccepted,
     WorkflowList,
     WorkflowStatusName,
@@ -242,6 +244,20 @@ async def _event_stream(
             yield KEEPALIVE
         else:
             yield event_frame(event.sequence, event.kind, event.model_dump(mode="json"))
+
+
+@router.get("/{workflow_id}/webhooks", response_model=WebhookDeliveryList)
+async def webhook_deliveries(
+    workflow_id: uuid.UUID, request: Request, caller: CallerDep
+) -> WebhookDeliveryList:
+    """The workflow's webhook deliveries (none until it ends, or if it has no webhook): where
+    each goes, whether it was delivered, and every attempt with its HTTP status or error."""
+    service: WorkflowService = request.app.state.service
+    engine, tenant = service.engine, caller.tenant
+    if await asyncio.to_thread(workflow_status, engine, workflow_id, tenant) is None:
+        raise not_found(f"workflow {workflow_id}")
+    deliveries = await asyncio.to_thread(load_deliveries, engine, workflow_id, tenant)
+    return WebhookDeliveryList(data=deliveries)
 
 
 @router.post("/{workflow_id}/cancel", response_model=WorkflowView)

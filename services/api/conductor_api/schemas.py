@@ -23,6 +23,7 @@ from pydantic import (
 from conductor.orchestration import MAX_QUESTION_CHARS
 from conductor.variants import MAX_STEPS_LIMIT
 from conductor.workflow import AttemptRecord, PlanOutcome, StepRecord
+from conductor_adapters.webhooks import DeliveryView
 
 MAX_MESSAGES = 256
 MAX_POOL_NAMES = 64
@@ -191,6 +192,11 @@ class WorkflowSubmission(BaseModel):
         description="Where the outcome is POSTed when the workflow ends, signed with the key's "
         "webhook secret (Standard Webhooks); default: the key's webhook URL, if any.",
     )
+
+
+class WebhookDeliveryList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[DeliveryView]
 
 
 class WorkflowAccepted(BaseModel):
