@@ -43,9 +43,12 @@ class Provider(StrEnum):
     SIM = "sim"
 
 
-# Providers whose workers take tools (function calling) on a direct call: their adapters speak
-# the OpenAI wire format, whose calls and results travel as they are.
-TOOL_CALLING_PROVIDERS = frozenset({Provider.OPENAI, Provider.OPENAI_COMPATIBLE})
+# Providers whose workers take tools (function calling) on a direct call: their adapters carry
+# tools, calls and results in the vendor's own wire format. The embedded llama.cpp engine has
+# no tool calling; a simulator answers evaluation items only.
+TOOL_CALLING_PROVIDERS = frozenset(
+    {Provider.OPENAI, Provider.OPENAI_COMPATIBLE, Provider.ANTHROPIC, Provider.GEMINI}
+)
 
 # Cloud APIs that refuse calls without a key (self-hosted look-alikes may need none).
 KEYED_PROVIDERS = frozenset({Provider.OPENAI, Provider.ANTHROPIC, Provider.GEMINI})

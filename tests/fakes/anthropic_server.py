@@ -4,11 +4,13 @@ Bodies follow https://docs.anthropic.com/en/api/messages (``message`` object: id
 model, content blocks, stop_reason, stop_sequence, usage with ``cache_creation_input_tokens`` and
 ``cache_read_input_tokens``); streams follow /en/api/messages-streaming (message_start,
 content_block_start, ping, content_block_delta, content_block_stop, message_delta, message_stop,
-error); errors use /en/api/errors ``{"type": "error", "error": {"type", "message"}}``.
+error); errors use /en/api/errors ``{"type": "error", "error": {"type", "message"}}``; tools,
+``tool_choice``, ``tool_use`` and ``tool_result`` blocks follow /en/docs/agents-and-tools/tool-use.
 
 The default answer checks what the real API checks and an adapter could get wrong (headers,
-required fields, turns that alternate starting with the user, temperature within 0..1), so a
-test against the fake fails where the vendor would refuse the request.
+required fields, turns that alternate starting with the user, temperature within 0..1, tool
+definitions and choice, each turn of calls answered by results that open the next user turn),
+so a test against the fake fails where the vendor would refuse the request.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fakes.http_server import RecordedRequest, ScriptedResponse, ScriptedServer
@@ -58,6 +60,21 @@ def message_body(
             "output_tokens": output_tokens,
         },
     }
+
+
+def tool_use_block(ident: str, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """A call the model asks for, as a ``tool_use`` content block."""
+    return {"type": "tool_use", "id": ident, "name": name, "input": dict(arguments)}
+
+
+def tool_use_body(
+    blocks: Sequence[Mapping[str, Any]], *, text: str | None = None, **fields: Any
+) -> dict[str, Any]:
+    """A ``message`` that asks for calls: ``text`` (if any) first, then the tool_use ``blocks``,
+    ``stop_reason`` "tool_use"; ``fields`` go to ``message_body``."""
+    body = message_body(text or "", stop_reason="tool_use", **fields)
+    body["content"] = [*(body["content"] if text else []), *map(dict, blocks)]
+    return body
 
 
 def error_body(type_: str, message: str) -> dict[str, Any]:
@@ -161,12 +178,13 @@ def streamed(text: str, *, cut_after: int | None = None, **fields: Any) -> Scrip
 
 
 def content_text(content: Any) -> str:
-    """A message's text: the API takes a string or a list of content blocks."""
+    """A message's text: the API takes a string or a list of content blocks (a tool result's
+    text counts: it is what the model reads of it)."""
     if isinstance(content, list):
         return "".join(
-            str(b.get("text", ""))
+            str(b.get("text", "")) if b.get("type") == "text" else content_text(b["content"])
             for b in content
-            if isinstance(b, dict) and b.get("type") == "text"
+            if isinstance(b, dict) and (b.get("type") == "text" or "content" in b)
         )
     return str(content)
 
@@ -250,4 +268,112 @@ def _check_body(body: Any) -> str | None:
     temperature = body.get("temperature", 1.0)
     if not isinstance(temperature, int | float) or not 0 <= temperature <= 1:
         return "temperature: range: 0..1"
+    return _check_tools(body) or _check_blocks(messages, tools="tools" in body)
+
+
+_TOOL_FIELDS = frozenset({"type", "name", "description", "input_schema", "cache_control"})
+# The fields each tool_choice type takes besides its type.
+_CHOICE_FIELDS = {
+    "auto": {"disable_parallel_tool_use"},
+    "any": {"disable_parallel_tool_use"},
+    "tool": {"name", "disable_parallel_tool_use"},
+    "none": set(),
+}
+
+
+def _check_tools(body: dict[str, Any]) -> str | None:
+    """Tool definitions (a name, an object input_schema, no unknown fields) and tool_choice."""
+    tools = body.get("tools", [])
+    if not isinstance(tools, list):
+        return "tools: Input should be a valid list"
+    names = set()
+    for number, tool in enumerate(tools):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            return f"tools.{number}.name: Field required"
+        schema = tool.get("input_schema")
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            return f"tools.{number}.input_schema: Field required (a JSON Schema of type object)"
+        for extra in sorted(set(tool) - _TOOL_FIELDS):
+            return f"tools.{number}.{extra}: Extra inputs are not permitted"
+        names.add(tool["name"])
+    choice = body.get("tool_choice")
+    if choice is None:
+        return None
+    if "tools" not in body:
+        return "tool_choice may only be specified while providing tools"
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in _CHOICE_FIELDS:
+        return "tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'"
+    for extra in sorted(set(choice) - {"type"} - _CHOICE_FIELDS[kind]):
+        return f"tool_choice.{kind}.{extra}: Extra inputs are not permitted"
+    if kind == "tool" and choice.get("name") not in names:
+        return f"tool_choice.tool.name: no tool named {choice.get('name')!r} in tools"
+    if not isinstance(choice.get("disable_parallel_tool_use", False), bool):
+        return f"tool_choice.{kind}.disable_parallel_tool_use: Input should be a valid boolean"
+    return None
+
+
+def _check_blocks(messages: list[dict[str, Any]], *, tools: bool) -> str | None:
+    """Content blocks: text not blank, calls in assistant turns, results in user turns, tools
+    defined when either appears, and each turn of calls answered by results that open the
+    next turn (and name only those calls)."""
+    called: list[str] = []  # the tool_use ids of the turn before
+    for number, item in enumerate(messages):
+        content = item.get("content")
+        if isinstance(content, str):
+            blocks: list[Any] = []
+        elif isinstance(content, list) and content:
+            blocks = content
+        else:
+            return f"messages.{number}.content: Input should be a string or a non-empty list"
+        for index, block in enumerate(blocks):
+            problem = _check_block(block, item["role"], f"messages.{number}.content.{index}")
+            if problem is not None:
+                return problem
+        kinds = [b["type"] for b in blocks]
+        if not tools and ({"tool_use", "tool_result"} & set(kinds)):
+            return "Requests which include `tool_use` or `tool_result` blocks must define tools."
+        leading = kinds.index("text") if "text" in kinds else len(kinds)
+        answered = [b["tool_use_id"] for b in blocks[:leading] if b["type"] == "tool_result"]
+        if called and sorted(answered) != sorted(called):
+            return (
+                f"messages.{number - 1}: `tool_use` ids were found without `tool_result` blocks "
+                f"immediately after: {', '.join(sorted(set(called) - set(answered)))}. Each "
+                "`tool_use` block must have a corresponding `tool_result` block in the next "
+                "message."
+            )
+        for block in blocks:
+            if block["type"] == "tool_result" and block["tool_use_id"] not in called:
+                return (
+                    f"messages.{number}: unexpected `tool_use_id` found in `tool_result` "
+                    f"blocks: {block['tool_use_id']}. Each `tool_result` block must have a "
+                    "corresponding `tool_use` block in the previous message."
+                )
+        called = [b["id"] for b in blocks if b["type"] == "tool_use"]
+    return None
+
+
+def _check_block(block: Any, role: str, where: str) -> str | None:
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind == "text":
+        text = block.get("text")
+        if not isinstance(text, str) or not text.strip():
+            return f"{where}.text: text content blocks must contain non-whitespace text"
+    elif kind == "tool_use":
+        if role != "assistant":
+            return f"{where}: tool_use blocks may only appear in assistant messages"
+        fields = (block.get("id"), block.get("name"), block.get("input"))
+        if not (isinstance(fields[0], str) and isinstance(fields[1], str)):
+            return f"{where}: tool_use blocks need a string id and name"
+        if not isinstance(fields[2], dict):
+            return f"{where}.input: Input should be a valid dictionary"
+    elif kind == "tool_result":
+        if role != "user":
+            return f"{where}: tool_result blocks may only appear in user messages"
+        if not isinstance(block.get("tool_use_id"), str):
+            return f"{where}.tool_use_id: Field required"
+        if not isinstance(block.get("content", ""), str | list):
+            return f"{where}.content: Input should be a valid string or list"
+    else:
+        return f"{where}.type: Input tag {kind!r} does not match any of the expected tags"
     return None

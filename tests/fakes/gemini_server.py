@@ -5,6 +5,9 @@ with content parts and finishReason, usageMetadata, modelVersion, responseId); e
 Google's error object ``{"error": {"code", "message", "status", "details"}}`` as listed in
 https://ai.google.dev/gemini-api/docs/troubleshooting. Streams follow ``alt=sse``: one
 ``data: {chunk}`` event per piece, no end marker, the last chunk carrying finishReason.
+Function calling follows https://ai.google.dev/gemini-api/docs/function-calling: ``tools`` of
+``functionDeclarations``, ``toolConfig.functionCallingConfig``, ``functionCall`` parts in
+answers and ``functionResponse`` parts in requests.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fakes.http_server import RecordedRequest, ScriptedResponse, ScriptedServer
@@ -56,15 +59,18 @@ def response_body(
     finish_reason: str | None = "STOP",
     thought: str | None = None,
     model_version: str | None = MODEL_VERSION,
+    calls: Sequence[Mapping[str, Any]] = (),
     **usage: Any,
 ) -> dict[str, Any]:
     """A GenerateContentResponse; ``thought`` adds a thought summary part before the answer,
-    ``text=None`` a candidate without parts; ``usage`` goes to ``usage_metadata``."""
+    ``calls`` a functionCall part ({"name", "args", optional "id"}) each after it, ``text=None``
+    a candidate without text; ``usage`` goes to ``usage_metadata``."""
     parts: list[dict[str, Any]] = []
     if thought is not None:
         parts.append({"text": thought, "thought": True})
     if text is not None:
         parts.append({"text": text})
+    parts.extend({"functionCall": dict(call)} for call in calls)
     content: dict[str, Any] = {"role": "model"}
     if parts:
         content["parts"] = parts
@@ -163,6 +169,57 @@ def streamed(text: str, *, cut_after: int | None = None, **fields: Any) -> Scrip
     return ScriptedResponse(events=stream_events(text, **fields), cut_after=cut_after)
 
 
+def called(*calls: Mapping[str, Any], text: str | None = None, **fields: Any) -> ScriptedResponse:
+    """A scripted 200 whose answer is function calls (after ``text``, if any), as Gemini sends
+    them: finishReason STOP, no ids unless a call carries one."""
+    return ScriptedResponse(json=response_body(text, calls=calls, **fields))
+
+
+def request_problem(body: dict[str, Any]) -> str | None:
+    """What Google's 400 INVALID_ARGUMENT would say of a request's function-calling fields;
+    None when they are well formed."""
+    declared = [d for tool in body.get("tools", []) for d in tool.get("functionDeclarations", [])]
+    for i, declaration in enumerate(declared):
+        if not isinstance(declaration.get("name"), str):
+            return f"* tools[0].function_declarations[{i}].name: required"
+        if "parameters" in declaration and "parametersJsonSchema" in declaration:
+            return f"* function_declarations[{i}]: parameters and parameters_json_schema clash"
+    config = body.get("toolConfig", {}).get("functionCallingConfig", {})
+    if config.get("mode", "AUTO") not in ("AUTO", "ANY", "NONE", "VALIDATED"):
+        return f"Invalid value at 'tool_config.function_calling_config.mode': {config['mode']}"
+    allowed = config.get("allowedFunctionNames")
+    if allowed is not None and config.get("mode") not in ("ANY", "VALIDATED"):
+        return "allowed_function_names may be set only when the mode is ANY or VALIDATED"
+    names = {d["name"] for d in declared}
+    if allowed is not None and not set(allowed) <= names:
+        return f"allowed_function_names names undeclared functions: {sorted(set(allowed) - names)}"
+    return _parts_problem(body["contents"])
+
+
+def _parts_problem(contents: list[Any]) -> str | None:
+    """Ill-formed calls or results, or results that do not answer the turn of calls before
+    them one for one."""
+    calls_before = 0
+    for i, content in enumerate(contents):
+        parts = content.get("parts", [])
+        for j, part in enumerate(parts):
+            call, result = part.get("functionCall"), part.get("functionResponse")
+            if call is not None and not isinstance(call.get("args", {}), dict):
+                return f"* contents[{i}].parts[{j}].function_call.args: must be an object"
+            if result is not None and not (
+                isinstance(result.get("name"), str) and isinstance(result.get("response"), dict)
+            ):
+                return f"* contents[{i}].parts[{j}].function_response: name and response object"
+        results = sum("functionResponse" in part for part in parts)
+        if results and results != calls_before:
+            return (
+                "Please ensure that the number of function response parts is equal to the "
+                "number of function call parts of the function call turn."
+            )
+        calls_before = sum("functionCall" in part for part in parts)
+    return None
+
+
 def content_text(content: Any) -> str:
     """The text of a request's Content object; "" for anything else."""
     parts = content.get("parts") if isinstance(content, dict) else None
@@ -176,9 +233,11 @@ class FakeGeminiServer(ScriptedServer):
     unless a script is queued.
 
     Requests are checked as Google checks them: a missing ``x-goog-api-key`` is 403
-    PERMISSION_DENIED, a body without a ``contents`` list 400 INVALID_ARGUMENT, an unknown route
-    404 NOT_FOUND. Usage counts about four characters a token plus four per content.
-    ``latency_s`` delays every default answer.
+    PERMISSION_DENIED, a body without a ``contents`` list or with ill-formed function-calling
+    fields 400 INVALID_ARGUMENT, an unknown route 404 NOT_FOUND. Usage counts about four
+    characters a token plus four per content. With ``functionCallingConfig.mode`` ANY the
+    answer is a call, without arguments, to the first function allowed. ``latency_s`` delays
+    every default answer.
     """
 
     def __init__(self, latency_s: float = 0.0) -> None:
@@ -206,6 +265,9 @@ class FakeGeminiServer(ScriptedServer):
         body = request.json
         if not isinstance(body, dict) or not isinstance(body.get("contents"), list):
             return error(400, "INVALID_ARGUMENT", "* GenerateContentRequest.contents: required")
+        problem = request_problem(body)
+        if problem is not None:
+            return error(400, "INVALID_ARGUMENT", problem)
         contents: list[Any] = body["contents"]
         last_user = next(
             (c for c in reversed(contents) if isinstance(c, dict) and c.get("role") == "user"),
@@ -224,6 +286,16 @@ class FakeGeminiServer(ScriptedServer):
                 candidates_tokens=count_tokens(answer),
             )
             return ScriptedResponse(events=events, delay_s=self.latency_s)
+        forced = _forced_call(body)
+        if forced is not None:
+            return generated(
+                None,
+                calls=[forced],
+                model_version=model,
+                delay_s=self.latency_s,
+                prompt_tokens=prompt,
+                candidates_tokens=count_tokens(json.dumps(forced)),
+            )
         return generated(
             answer,
             model_version=model,
@@ -231,3 +303,12 @@ class FakeGeminiServer(ScriptedServer):
             prompt_tokens=prompt,
             candidates_tokens=count_tokens(answer),
         )
+
+
+def _forced_call(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The call a request in mode ANY gets: the first function it allows, with no arguments."""
+    config = body.get("toolConfig", {}).get("functionCallingConfig", {})
+    if config.get("mode") != "ANY":
+        return None
+    declared = [d["name"] for tool in body["tools"] for d in tool["functionDeclarations"]]
+    return {"name": (config.get("allowedFunctionNames") or declared)[0], "args": {}}

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 
-from conductor.chat import ChatMessage, Completion
+from conductor.chat import ChatMessage, Completion, ToolCall, ToolSpec, ToolUse
 from conductor.errors import (
     ConfigurationError,
     MalformedResponse,
@@ -21,9 +22,10 @@ from conductor.errors import (
     WorkerUnavailable,
 )
 from conductor.pool import Provider, WorkerSpec
-from conductor.ports import ChatWorker
+from conductor.ports import ChatWorker, ToolCallingWorker
 from conductor.streaming import StreamEnd, StreamEvent, TextDelta, collect_stream
 from conductor_gateway.providers.anthropic import AnthropicWorker
+from conductor_gateway.retry import RetryPolicy
 
 from fakes.anthropic_server import (
     FakeAnthropicServer,
@@ -34,6 +36,8 @@ from fakes.anthropic_server import (
     sse,
     stream_events,
     streamed,
+    tool_use_block,
+    tool_use_body,
 )
 from fakes.http_server import ScriptedResponse
 
@@ -212,6 +216,283 @@ async def test_text_blocks_are_joined_and_thinking_is_skipped(
     assert result.text == "Hello, world."
     assert result.finish_reason == "max_tokens"
     assert result.model == "claude-fake"
+
+
+# -- function calling ----------------------------------------------------------------------
+
+WEATHER = ToolSpec(
+    name="get_weather",
+    description="The weather in a city.",
+    parameters={"type": "object", "properties": {"city": {"type": "string"}}},
+    strict=True,  # OpenAI's; the Messages API would refuse it
+)
+CLOCK = ToolSpec(name="get_time")  # no description, no parameters
+TOOLS = ToolUse(tools=(WEATHER, CLOCK))
+
+
+def called(ident: str, city: str) -> ToolCall:
+    return ToolCall(id=ident, name="get_weather", arguments=json.dumps({"city": city}))
+
+
+async def call_with_tools(
+    worker: AnthropicWorker, messages: list[ChatMessage] = QUESTION, tools: ToolUse = TOOLS
+) -> Completion:
+    return await worker.complete_with_tools(messages, tools, max_tokens=64, temperature=0.5)
+
+
+async def test_tools_go_with_input_schema_and_no_openai_fields(
+    fake: FakeAnthropicServer, worker: AnthropicWorker
+) -> None:
+    # Given a tool with parameters and strict, and one with neither
+
+    # When the worker is called with them
+    result = await call_with_tools(worker)
+
+    # Then each has the required input_schema (an empty object for none) and no strict, and
+    # the fake, which refuses unknown fields as the API does, answers
+    assert isinstance(worker, ToolCallingWorker)
+    assert (result.text, result.finish_reason, result.tool_calls) == ("echo: Hi", "end_turn", ())
+    sent = fake.last_request.json
+    assert sent["tools"] == [
+        {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+        {"name": "get_time", "input_schema": {"type": "object", "properties": {}}},
+    ]
+    assert "stream" not in sent  # a whole call: the calls come back in one answer
+
+
+@pytest.mark.parametrize(
+    ("choice", "parallel", "sent"),
+    [
+        ("auto", None, {"type": "auto"}),
+        ("auto", False, {"type": "auto", "disable_parallel_tool_use": True}),
+        ("required", True, {"type": "any"}),
+        ("required", False, {"type": "any", "disable_parallel_tool_use": True}),
+        (
+            "get_weather",
+            False,
+            {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+        ),
+        ("none", False, {"type": "none"}),  # ToolChoiceNone takes no other field
+    ],
+)
+async def test_tool_choice_and_parallel_calls_map_onto_tool_choice(
+    fake: FakeAnthropicServer,
+    worker: AnthropicWorker,
+    choice: str,
+    parallel: bool | None,
+    sent: dict[str, Any],
+) -> None:
+    # Given a choice of OpenAI's and whether calls may go in parallel
+    tools = ToolUse(tools=(WEATHER,), choice=choice, parallel=parallel)
+
+    # When the worker is called with them
+    await call_with_tools(worker, tools=tools)
+
+    # Then both travel in Anthropic's one tool_choice object
+    assert fake.last_request.json["tool_choice"] == sent
+    assert "parallel_tool_calls" not in fake.last_request.json
+
+
+async def test_calls_and_results_are_blocks_in_alternating_turns(
+    fake: FakeAnthropicServer, worker: AnthropicWorker
+) -> None:
+    # Given a transcript with two rounds of calls: two calls in parallel with some text, whose
+    # results come as two tool messages and a user message; then one call alone
+    transcript = [
+        *QUESTION,
+        ChatMessage(
+            role="assistant",
+            content="Checking both.",
+            tool_calls=(called("toolu_1", "Paris"), called("toolu_2", "Rome")),
+        ),
+        ChatMessage(role="tool", content="18 C", tool_call_id="toolu_1"),
+        ChatMessage(role="tool", content="24 C", tool_call_id="toolu_2"),
+        ChatMessage(role="user", content="And Oslo?"),
+        ChatMessage(role="assistant", content="", tool_calls=(called("toolu_3", "Oslo"),)),
+        ChatMessage(role="tool", content="9 C", tool_call_id="toolu_3"),
+    ]
+
+    # When the worker is called with it
+    result = await call_with_tools(worker, transcript)
+
+    # Then calls are tool_use blocks after the turn's text; results open one user turn each
+    # round, before the user's text; and the fake, which checks the pairing, reads them
+    assert result.text == "echo: 9 C"
+    sent = fake.last_request.json
+    assert sent["system"] == "Be brief."
+    assert sent["messages"] == [
+        {"role": "user", "content": "Hi"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Checking both."},
+                {
+                    "type": "tool_use",
+                    "id": "toolu_1",
+                    "name": "get_weather",
+                    "input": {"city": "Paris"},
+                },
+                {
+                    "type": "tool_use",
+                    "id": "toolu_2",
+                    "name": "get_weather",
+                    "input": {"city": "Rome"},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"},
+                {"type": "tool_result", "tool_use_id": "toolu_2", "content": "24 C"},
+                {"type": "text", "text": "And Oslo?"},
+            ],
+        },
+        {
+            "role": "assistant",  # no text block: the API refuses a blank one
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "toolu_3",
+                    "name": "get_weather",
+                    "input": {"city": "Oslo"},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_3", "content": "9 C"}],
+        },
+    ]
+
+
+async def test_without_tools_calls_and_results_are_text(
+    fake: FakeAnthropicServer, worker: AnthropicWorker
+) -> None:
+    # Given a transcript with a call and its result, sent on a plain call (no tools): the API
+    # refuses tool blocks in a request that defines no tools
+    transcript = [
+        *QUESTION,
+        ChatMessage(role="assistant", content="", tool_calls=(called("toolu_1", "Paris"),)),
+        ChatMessage(role="tool", content="18 C", tool_call_id="toolu_1"),
+    ]
+
+    # When the worker is called with it
+    await call(worker, transcript)
+
+    # Then the call and its result are read as conversation
+    assert fake.last_request.json["messages"][1:] == [
+        {"role": "assistant", "content": '[called get_weather({"city": "Paris"})]'},
+        {"role": "user", "content": "Tool result (toolu_1): 18 C"},
+    ]
+
+
+async def test_a_tool_use_answer_is_read_as_tool_calls(
+    fake: FakeAnthropicServer, worker: AnthropicWorker
+) -> None:
+    # Given an answer with some text and two tool_use blocks
+    fake.enqueue(
+        ScriptedResponse(
+            json=tool_use_body(
+                [
+                    tool_use_block("toolu_7", "get_weather", {"city": "Oslo", "days": 2}),
+                    tool_use_block("toolu_8", "get_time", {}),
+                ],
+                text="Let me look.",
+            )
+        )
+    )
+
+    # When the worker is called with tools
+    result = await call_with_tools(worker)
+
+    # Then the blocks are the calls, their input as JSON text, and the stop is OpenAI's
+    assert result.text == "Let me look."
+    assert result.finish_reason == "tool_calls"
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in result.tool_calls] == [
+        ("toolu_7", "get_weather", {"city": "Oslo", "days": 2}),
+        ("toolu_8", "get_time", {}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "says"),
+    [
+        ('{"city": "Par', "arguments are not JSON"),
+        ('["Paris"]', "must be a JSON object, got list"),
+        ('"Paris"', "must be a JSON object, got str"),
+    ],
+)
+async def test_arguments_that_are_not_a_json_object_are_refused_before_sending(
+    fake: FakeAnthropicServer, worker: AnthropicWorker, arguments: str, says: str
+) -> None:
+    # Given an earlier call whose arguments Anthropic cannot take as its input object
+    bad = ToolCall(id="toolu_1", name="get_weather", arguments=arguments)
+    transcript = [
+        *QUESTION,
+        ChatMessage(role="assistant", content="", tool_calls=(bad,)),
+        ChatMessage(role="tool", content="18 C", tool_call_id="toolu_1"),
+    ]
+
+    # When the worker is called with it
+    with pytest.raises(ProviderRejected, match=says) as caught:
+        await call_with_tools(worker, transcript)
+
+    # Then nothing is sent, the error names the worker and the call, and the gateway does not
+    # send the same request again
+    assert fake.message_requests == []
+    assert type(caught.value) is ProviderRejected
+    assert "worker 'claude': messages[2].tool_calls[0] ('get_weather'" in str(caught.value)
+    assert not RetryPolicy().should_retry(caught.value, 1)
+
+
+async def test_blank_arguments_are_a_call_without_arguments(
+    fake: FakeAnthropicServer, worker: AnthropicWorker
+) -> None:
+    # Given an earlier call with blank arguments, as some OpenAI-compatible servers write them
+    transcript = [
+        *QUESTION,
+        ChatMessage(
+            role="assistant",
+            content="",
+            tool_calls=(ToolCall(id="t1", name="get_time", arguments=""),),
+        ),
+        ChatMessage(role="tool", content="noon", tool_call_id="t1"),
+    ]
+
+    # When the worker is called with it
+    await call_with_tools(worker, transcript)
+
+    # Then its input is an empty object
+    assert fake.last_request.json["messages"][1]["content"][0]["input"] == {}
+
+
+@pytest.mark.parametrize(
+    ("block", "says"),
+    [
+        ({"type": "tool_use", "name": "get_time", "input": {}}, "needs a string id"),
+        ({"type": "tool_use", "id": "t1", "name": 3, "input": {}}, "needs a string id and name"),
+        ({"type": "tool_use", "id": "t1", "name": "get_time", "input": "{}"}, "an input object"),
+        ({"type": "tool_use", "id": "", "name": "get_time", "input": {}}, "at least 1 character"),
+    ],
+)
+async def test_a_malformed_tool_use_block_is_a_malformed_response(
+    fake: FakeAnthropicServer, worker: AnthropicWorker, block: dict[str, Any], says: str
+) -> None:
+    # Given an answer whose tool_use block is off the documented format
+    fake.enqueue(ScriptedResponse(json=tool_use_body([block])))
+
+    # When the worker is called with tools
+    with pytest.raises(MalformedResponse, match=says) as caught:
+        await call_with_tools(worker)
+
+    # Then it is a malformed answer naming its block, which the gateway may try again
+    assert "content[0] (tool_use)" in str(caught.value)
+    assert caught.value.retryable
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -523,6 +804,37 @@ GOOD_BODY: dict[str, Any] = {
     "messages": [{"role": "user", "content": "Hi"}],
 }
 GOOD_HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
+USE = tool_use_block("t1", "get_time", {})
+RESULT = {"type": "tool_result", "tool_use_id": "t1", "content": "noon"}
+TOOL_TURNS = [
+    {"role": "user", "content": "Time?"},
+    {"role": "assistant", "content": [USE]},
+    {"role": "user", "content": [RESULT]},
+]
+TOOL_BODY: dict[str, Any] = {
+    **GOOD_BODY,
+    "messages": TOOL_TURNS,
+    "tools": [{"name": "get_time", "input_schema": {"type": "object"}}],
+    "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
+}
+
+
+def _without(field: str) -> dict[str, Any]:
+    return {k: v for k, v in TOOL_BODY.items() if k not in (field, "tool_choice")}
+
+
+def _with_turn(number: int, content: list[dict[str, Any]]) -> dict[str, Any]:
+    turns = [*TOOL_TURNS]
+    turns[number] = {**turns[number], "content": content}
+    return {**TOOL_BODY, "messages": turns}
+
+
+def _with_tool(**fields: Any) -> dict[str, Any]:
+    return {**TOOL_BODY, "tools": [TOOL_BODY["tools"][0] | fields]}
+
+
+def _with_choice(**choice: Any) -> dict[str, Any]:
+    return {**TOOL_BODY, "tool_choice": choice}
 
 
 @pytest.mark.parametrize(
@@ -545,6 +857,41 @@ GOOD_HEADERS = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
             400,
             "invalid_request_error",
         ),
+        (GOOD_HEADERS, TOOL_BODY, 200, "message"),
+        (GOOD_HEADERS, _without("tools"), 400, "invalid_request_error"),  # blocks need tools
+        (  # a call left unanswered
+            GOOD_HEADERS,
+            _with_turn(2, [{"type": "text", "text": "x"}]),
+            400,
+            "invalid_request_error",
+        ),
+        (  # text before the results
+            GOOD_HEADERS,
+            _with_turn(2, [{"type": "text", "text": "x"}, RESULT]),
+            400,
+            "invalid_request_error",
+        ),
+        (  # a result of no call
+            GOOD_HEADERS,
+            _with_turn(2, [{**RESULT, "tool_use_id": "t9"}]),
+            400,
+            "invalid_request_error",
+        ),
+        (  # a blank text block
+            GOOD_HEADERS,
+            _with_turn(1, [{"type": "text", "text": " "}, USE]),
+            400,
+            "invalid_request_error",
+        ),
+        (GOOD_HEADERS, _with_tool(strict=True), 400, "invalid_request_error"),
+        (GOOD_HEADERS, _with_tool(input_schema=None), 400, "invalid_request_error"),
+        (  # "none" takes no other field
+            GOOD_HEADERS,
+            _with_choice(type="none", disable_parallel_tool_use=True),
+            400,
+            "invalid_request_error",
+        ),
+        (GOOD_HEADERS, _with_choice(type="tool", name="nope"), 400, "invalid_request_error"),
     ],
 )
 async def test_fake_validates_like_the_api(

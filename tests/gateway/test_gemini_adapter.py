@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 import pytest
 
-from conductor.chat import ChatMessage, Completion
+from conductor.chat import ChatMessage, Completion, ToolCall, ToolSpec, ToolUse
 from conductor.errors import (
     ConfigurationError,
     MalformedResponse,
@@ -21,7 +22,7 @@ from conductor.errors import (
     WorkerUnavailable,
 )
 from conductor.pool import Provider, WorkerSpec
-from conductor.ports import ChatWorker
+from conductor.ports import ChatWorker, ToolCallingWorker
 from conductor.streaming import StreamEnd, TextDelta, collect_stream
 from conductor_gateway.providers.gemini import GeminiWorker
 
@@ -528,3 +529,282 @@ async def test_borrowed_client_stays_open(fake: FakeGeminiServer) -> None:
 
         assert not client.is_closed  # borrowed: its owner closes it
     assert KEY not in repr(adapter)
+
+
+# -- function calling -------------------------------------------------------------------------
+
+# Written for OpenAI's strict mode: Gemini's OpenAPI-subset ``parameters`` would refuse
+# ``additionalProperties`` and ``$schema``; ``parametersJsonSchema`` takes them.
+WEATHER = ToolSpec(
+    name="get_weather",
+    description="The weather in a city.",
+    parameters={
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+    strict=True,
+)
+TIME = ToolSpec(name="get_time", parameters={"type": "object", "properties": {}})
+PARIS = '{"city": "Paris"}'
+
+
+def tools(choice: str = "auto") -> ToolUse:
+    return ToolUse(tools=(WEATHER, TIME), choice=choice, parallel=False)
+
+
+async def call_with_tools(
+    worker: GeminiWorker, messages: list[ChatMessage] = QUESTION, choice: str = "auto"
+) -> Completion:
+    return await worker.complete_with_tools(messages, tools(choice), max_tokens=64, temperature=0.5)
+
+
+def asked(*calls: ToolCall) -> ChatMessage:
+    return ChatMessage(role="assistant", content="", tool_calls=calls)
+
+
+def result(call_id: str, content: str) -> ChatMessage:
+    return ChatMessage(role="tool", content=content, tool_call_id=call_id)
+
+
+@pytest.mark.parametrize(
+    ("choice", "config"),
+    [
+        ("auto", {"mode": "AUTO"}),
+        ("none", {"mode": "NONE"}),
+        ("required", {"mode": "ANY"}),
+        ("get_time", {"mode": "ANY", "allowedFunctionNames": ["get_time"]}),
+    ],
+)
+async def test_tools_go_as_function_declarations_and_the_choice_as_a_calling_mode(
+    fake: FakeGeminiServer, worker: GeminiWorker, choice: str, config: dict[str, Any]
+) -> None:
+    # Given tools with a full JSON Schema, strict and parallel set (neither has a Gemini twin)
+    # When the worker is called with them (the fake refuses what Google would)
+    await call_with_tools(worker, choice=choice)
+
+    # Then the schema travels untouched as parametersJsonSchema, the choice as the mode
+    sent = fake.last_request.json
+    assert sent["tools"] == [
+        {
+            "functionDeclarations": [
+                {
+                    "name": "get_weather",
+                    "description": "The weather in a city.",
+                    "parametersJsonSchema": WEATHER.parameters,
+                },
+                {"name": "get_time", "parametersJsonSchema": TIME.parameters},
+            ]
+        }
+    ]
+    assert sent["toolConfig"] == {"functionCallingConfig": config}
+    assert "strict" not in json.dumps(sent)
+    assert "parallel" not in json.dumps(sent)
+
+
+async def test_a_required_call_comes_back_as_tool_calls_from_the_default_fake(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    # Given the fake, which answers mode ANY with a call to the first allowed function
+    # When a call of get_time is required
+    answer = await call_with_tools(worker, choice="get_time")
+
+    # Then that call is the answer
+    assert (answer.text, answer.finish_reason) == ("", "tool_calls")
+    assert [(c.name, c.arguments) for c in answer.tool_calls] == [("get_time", "{}")]
+
+
+@pytest.mark.parametrize("offered", [True, False], ids=["tools offered", "tools no more"])
+async def test_calls_and_results_in_the_history_go_as_function_call_and_response_parts(
+    fake: FakeGeminiServer, worker: GeminiWorker, offered: bool
+) -> None:
+    # Given a history where the model called two functions and got both results, then the
+    # user spoke again (Gemini names a result by its function, and wants roles to alternate)
+    messages = [
+        ChatMessage(role="system", content="Be brief."),
+        ChatMessage(role="user", content="Weather and time in Paris?"),
+        asked(
+            ToolCall(id="call_a", name="get_weather", arguments=PARIS),
+            ToolCall(id="call_b", name="get_time", arguments=""),
+        ),
+        result("call_b", '{"time": "14:00"}'),
+        result("call_a", "18 C"),
+        ChatMessage(role="user", content="And in Oslo?"),
+        ChatMessage(
+            role="assistant",
+            content="Checking.",
+            tool_calls=(ToolCall(id="call_a", name="get_time", arguments='{"city": "Oslo"}'),),
+        ),
+        result("call_a", "15:00"),
+    ]
+
+    # When the worker is called with it, with tools or (a client done calling) without
+    if offered:
+        await call_with_tools(worker, messages)
+    else:
+        await call(worker, messages)
+
+    # Then calls are functionCall parts of "model" turns and results one "user" turn of
+    # functionResponse parts, named after the latest call with their id, texts whole
+    sent = fake.last_request.json
+    assert sent["contents"] == [
+        {"role": "user", "parts": [{"text": "Weather and time in Paris?"}]},
+        {
+            "role": "model",
+            "parts": [
+                {"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}},
+                {"functionCall": {"name": "get_time", "args": {}}},
+            ],
+        },
+        {
+            "role": "user",
+            "parts": [
+                {
+                    "functionResponse": {
+                        "name": "get_time",
+                        "response": {"output": '{"time": "14:00"}'},
+                    }
+                },
+                {"functionResponse": {"name": "get_weather", "response": {"output": "18 C"}}},
+                {"text": "And in Oslo?"},
+            ],
+        },
+        {
+            "role": "model",
+            "parts": [
+                {"text": "Checking."},
+                {"functionCall": {"name": "get_time", "args": {"city": "Oslo"}}},
+            ],
+        },
+        {
+            "role": "user",
+            "parts": [{"functionResponse": {"name": "get_time", "response": {"output": "15:00"}}}],
+        },
+    ]
+    assert sent["systemInstruction"] == {"parts": [{"text": "Be brief."}]}
+    assert ("tools" in sent) is offered
+
+
+async def test_an_answer_of_calls_is_read_into_tool_calls_finishing_tool_calls(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    # Given an answer of text and two calls: one without an id (Gemini's usual), one with
+    body = response_body(
+        "Let me look.",
+        calls=[
+            {"name": "get_weather", "args": {"city": "Oslo"}},
+            {"name": "get_time", "id": "fc-7"},
+        ],
+        candidates_tokens=12,
+    )
+    fake.enqueue(ScriptedResponse(json=body))
+
+    # When the worker is called with tools
+    answer = await call_with_tools(worker)
+
+    # Then both calls come back, the first with an id made from the response's, unique
+    # across answers; the text is kept and the finish reason is OpenAI's "tool_calls"
+    assert answer.tool_calls == (
+        ToolCall(
+            id=f"call_{body['responseId']}_0", name="get_weather", arguments='{"city": "Oslo"}'
+        ),
+        ToolCall(id="fc-7", name="get_time", arguments="{}"),
+    )
+    assert (answer.text, answer.finish_reason) == ("Let me look.", "tool_calls")
+    assert answer.usage.completion_tokens == 12
+
+
+async def test_an_answer_without_a_response_id_numbers_its_calls(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    body = response_body(None, calls=[{"name": "get_time"}, {"name": "get_time"}])
+    del body["responseId"]
+    fake.enqueue(ScriptedResponse(json=body))
+
+    answer = await call_with_tools(worker)
+
+    assert [c.id for c in answer.tool_calls] == ["call_0", "call_1"]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "says"),
+    [
+        ("{'city': 'Paris'}", r"arguments of 'get_weather' is not JSON \(Expecting property"),
+        ('["Paris"]', "arguments of 'get_weather' must be a JSON object for Gemini, got list"),
+    ],
+)
+async def test_arguments_that_are_no_json_object_are_rejected_before_anything_is_sent(
+    fake: FakeGeminiServer, worker: GeminiWorker, arguments: str, says: str
+) -> None:
+    # Given a history whose call's arguments Gemini cannot take as an object
+    messages = [*QUESTION, asked(ToolCall(id="c1", name="get_weather", arguments=arguments))]
+
+    # When the worker is called with it
+    with pytest.raises(ProviderRejected, match=says) as caught:
+        await call_with_tools(worker, messages)
+
+    # Then the error names the worker and the message, is not retried, and nothing was sent
+    assert str(caught.value).startswith("worker 'gemini': messages[2].tool_calls[0].arguments")
+    assert not caught.value.retryable
+    assert caught.value.status_code is None
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize("offered", [True, False], ids=["tools offered", "tools no more"])
+async def test_a_result_whose_call_is_not_in_the_history_is_rejected(
+    fake: FakeGeminiServer, worker: GeminiWorker, offered: bool
+) -> None:
+    # Given a result answering a call no earlier assistant turn made (Gemini needs its name)
+    messages = [
+        *QUESTION,
+        asked(ToolCall(id="c1", name="get_weather", arguments=PARIS)),
+        result("c2", "18 C"),
+    ]
+
+    # When the worker is called with it, with tools or without
+    with pytest.raises(ProviderRejected) as caught:
+        await (call_with_tools(worker, messages) if offered else call(worker, messages))
+
+    # Then the error says which result and why, and nothing was sent
+    assert str(caught.value).startswith(
+        "worker 'gemini': messages[3].tool_call_id 'c2' answers no tool call"
+    )
+    assert not caught.value.retryable
+    assert fake.requests == []
+
+
+def _answer_part(part: dict[str, Any]) -> ScriptedResponse:
+    return ScriptedResponse(json=_candidate(content={"parts": [part]}))
+
+
+@pytest.mark.parametrize(
+    ("scripted", "says"),
+    [
+        (_answer_part({"functionCall": "get_time()"}), r"parts\[0\]\.functionCall must be an obj"),
+        (_answer_part({"functionCall": {"args": {}}}), "name must be a non-empty string, got null"),
+        (_answer_part({"functionCall": {"name": "f", "args": "[1]"}}), "args must be an object"),
+        (_answer_part({"functionCall": {"name": "f", "id": 7}}), "id must be a string, got int"),
+        (
+            ScriptedResponse(
+                json=response_body("I will call", finish_reason="MALFORMED_FUNCTION_CALL")
+            ),
+            "function call was unusable",
+        ),
+    ],
+)
+async def test_a_malformed_function_call_is_a_malformed_response(
+    fake: FakeGeminiServer, worker: GeminiWorker, scripted: ScriptedResponse, says: str
+) -> None:
+    fake.enqueue(scripted)
+
+    with pytest.raises(MalformedResponse, match=says) as caught:
+        await call_with_tools(worker)
+
+    assert caught.value.retryable  # another sample may well make a whole call
+    assert "worker 'gemini'" in str(caught.value)
+
+
+def test_the_worker_takes_tools(worker: GeminiWorker) -> None:
+    assert isinstance(worker, ToolCallingWorker)  # the gateway sends tools to such workers

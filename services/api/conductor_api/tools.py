@@ -104,7 +104,7 @@ def refuse_for_worker(spec: WorkerSpec, param: str) -> ApiError:
     return unsupported(
         param,
         f"worker {spec.name!r} ({spec.provider.value}) is not called with tools: function "
-        f"calling goes to workers on the OpenAI wire format ({TOOL_WORKERS})",
+        f"calling goes to workers of providers {TOOL_WORKERS}",
     )
 
 

@@ -5,19 +5,27 @@ Wire format: https://docs.anthropic.com/en/api/messages, /en/api/messages-stream
 list, strictly alternating turns, temperature 0..1), in usage (``input_tokens`` leaves out cache
 reads and writes) and in the stream (named events ending ``message_stop``). HTTP failures map
 onto the typed errors in ``conductor_adapters.http_wire``; the adapter makes exactly one call per
-``complete`` or ``stream`` and never retries (the gateway does).
+``complete``, ``complete_with_tools`` or ``stream`` and never retries (the gateway does).
+
+Function calling (/en/docs/agents-and-tools/tool-use): tools go as ``{name, description,
+input_schema}`` with a ``tool_choice`` object; the model's calls come back as ``tool_use`` blocks
+(``input`` an object, not JSON text) and their results go back as ``tool_result`` blocks of a user
+turn, which must start the turn that follows the calls.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from typing import Any, cast
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
 
 from httpx_sse import ServerSentEvent
+from pydantic import ValidationError
 
-from conductor.chat import ChatMessage, Completion, Usage
-from conductor.errors import MalformedResponse, ProviderUnavailable
+from conductor.chat import ChatMessage, Completion, ToolCall, ToolUse, Usage
+from conductor.errors import MalformedResponse, ProviderRejected, ProviderUnavailable
 from conductor.pool import Provider
 from conductor.streaming import StreamEnd, StreamEvent, TextDelta
 from conductor_adapters.http_wire import (
@@ -30,7 +38,6 @@ from conductor_adapters.http_wire import (
     token_count,
 )
 from conductor_gateway.providers.endpoint import HttpWorker
-from conductor_gateway.providers.turns import system_and_turns
 
 API_VERSION = "2023-06-01"
 MESSAGES_PATH = "/v1/messages"
@@ -38,6 +45,12 @@ MAX_TEMPERATURE = 1.0  # Anthropic refuses more; pool specs allow up to 2 (OpenA
 # The API refuses a conversation whose first turn is the assistant's; this stands in for the
 # user turn the caller left out, so a transcript that opens with a model answer still goes.
 OPENING_USER_TURN = "(continued conversation)"
+# tool_choice types by ToolUse.choice; any other choice names the one tool to call.
+TOOL_CHOICES = {"auto": "auto", "required": "any", "none": "none"}
+# Stop reasons renamed to the OpenAI finish_reason clients act on; the others pass as they are.
+FINISH_REASONS = {"tool_use": "tool_calls"}
+# input_schema is required: a function without parameters takes an empty object.
+_NO_PARAMETERS: Mapping[str, Any] = {"type": "object", "properties": {}}
 
 
 def build_request(
@@ -47,10 +60,14 @@ def build_request(
     temperature: float,
     *,
     stream: bool = False,
+    tools: ToolUse | None = None,
 ) -> dict[str, Any]:
-    """The JSON body of ``POST /v1/messages``: system lifted out, turns merged to alternate."""
-    system, merged = system_and_turns(messages)
-    turns = [{"role": role, "content": text} for role, text in merged]
+    """The JSON body of ``POST /v1/messages``: system lifted out, turns merged to alternate.
+
+    Tool calls and results travel as blocks only with ``tools``: the API refuses ``tool_use`` and
+    ``tool_result`` blocks in a request that defines no tools, so without them they are text.
+    """
+    system, turns = wire_turns(messages, tool_blocks=tools is not None)
     if turns and turns[0]["role"] == "assistant":
         turns.insert(0, {"role": "user", "content": OPENING_USER_TURN})
     payload: dict[str, Any] = {
@@ -61,9 +78,110 @@ def build_request(
     }
     if system is not None:
         payload["system"] = system
+    if tools is not None:
+        payload.update(wire_tools(tools))
     if stream:
         payload["stream"] = True
     return payload
+
+
+def wire_tools(tools: ToolUse) -> dict[str, Any]:
+    """``tools`` and ``tool_choice`` as the Messages API takes them. OpenAI's ``strict`` is left
+    out: Anthropic took it only in a beta (structured outputs), and refuses fields it does not
+    know."""
+    specs = []
+    for tool in tools.tools:
+        schema = tool.parameters if tool.parameters is not None else _NO_PARAMETERS
+        spec: dict[str, Any] = {"name": tool.name, "input_schema": dict(schema)}
+        if tool.description is not None:
+            spec["description"] = tool.description
+        specs.append(spec)
+    choice: dict[str, Any] = {"type": TOOL_CHOICES.get(tools.choice, "tool")}
+    if choice["type"] == "tool":
+        choice["name"] = tools.choice
+    if tools.parallel is False and choice["type"] != "none":  # "none" takes no such field
+        choice["disable_parallel_tool_use"] = True
+    return {"tools": specs, "tool_choice": choice}
+
+
+@dataclass
+class _Turn:
+    """One wire turn being merged: its texts, and its tool blocks (calls or results)."""
+
+    role: Literal["user", "assistant"]
+    texts: list[str] = field(default_factory=list)
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+
+    def wire(self) -> dict[str, Any]:
+        text = "\n\n".join(self.texts)
+        if not self.blocks:
+            return {"role": self.role, "content": text}
+        lead = [{"type": "text", "text": text}] if text.strip() else []  # no blank text blocks
+        # Results open the user turn (the API looks for them first); calls close the assistant's.
+        content = [*lead, *self.blocks] if self.role == "assistant" else [*self.blocks, *lead]
+        return {"role": self.role, "content": content}
+
+
+def wire_turns(
+    messages: Sequence[ChatMessage], *, tool_blocks: bool
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """The system messages joined, and the other turns merged so that roles alternate.
+
+    A ``tool`` message is a user turn to Anthropic: results that follow one assistant turn, and a
+    user message after them, make one user turn. Consecutive texts of a turn are kept a blank
+    line apart. ``tool_blocks`` False writes calls and results as text.
+    """
+    system = [m.content for m in messages if m.role == "system"]
+    turns: list[_Turn] = []
+    for number, message in enumerate(messages):
+        if message.role == "system":
+            continue
+        role: Literal["user", "assistant"] = "assistant" if message.role == "assistant" else "user"
+        if not turns or turns[-1].role != role:
+            turns.append(_Turn(role))
+        turn = turns[-1]
+        if message.role == "tool":
+            if tool_blocks:
+                turn.blocks.append(_tool_result(message))
+            else:
+                turn.texts.append(f"Tool result ({message.tool_call_id}): {message.content}")
+            continue
+        if message.content or not message.tool_calls:
+            turn.texts.append(message.content)
+        for index, call in enumerate(message.tool_calls):
+            if tool_blocks:
+                turn.blocks.append(_tool_use(call, f"messages[{number}].tool_calls[{index}]"))
+            else:
+                turn.texts.append(f"[called {call.name}({call.arguments})]")
+    return ("\n\n".join(system) if system else None), [t.wire() for t in turns]
+
+
+def _tool_use(call: ToolCall, where: str) -> dict[str, Any]:
+    """A call as an assistant ``tool_use`` block. Its arguments must be a JSON object (the API
+    takes ``input`` as one): anything else is the request's fault, and sending it again cannot
+    help, so it is ProviderRejected before anything is sent."""
+    text = call.arguments
+    try:
+        # Blank arguments are a call without any (some OpenAI-compatible servers write them so).
+        arguments = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise ProviderRejected(
+            f"{where} ({call.name!r}, id {call.id!r}): arguments are not JSON ({exc}); "
+            "Anthropic takes a tool call's arguments as a JSON object"
+        ) from exc
+    if not isinstance(arguments, dict):
+        raise ProviderRejected(
+            f"{where} ({call.name!r}, id {call.id!r}): arguments must be a JSON object, "
+            f"got {kind(arguments)}"
+        )
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": arguments}
+
+
+def _tool_result(message: ChatMessage) -> dict[str, Any]:
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": message.tool_call_id}
+    if message.content:  # optional: a result with no text sends none
+        block["content"] = message.content
+    return block
 
 
 def parse_response(body: Any) -> Completion:
@@ -76,21 +194,39 @@ def parse_response(body: Any) -> Completion:
     if not isinstance(content, list):
         raise MalformedResponse(f"'content' must be a list, got {kind(content)}")
     parts: list[str] = []
+    calls: list[ToolCall] = []
     for number, raw in enumerate(content):
         block = json_object(raw, f"content[{number}]")
-        if block.get("type") == "text":  # thinking, tool_use and the like are not the answer
+        if block.get("type") == "text":  # thinking and the like are not the answer
             text = block.get("text")
             if not isinstance(text, str):
                 raise MalformedResponse(
                     f"content[{number}].text must be a string, got {kind(text)}"
                 )
             parts.append(text)
+        elif block.get("type") == "tool_use":
+            calls.append(_tool_call(block, f"content[{number}]"))
+    stop_reason = _string(body, "stop_reason")
     return Completion(
         text="".join(parts),
         usage=parse_usage(body.get("usage")),
         model=_string(body, "model") or "",
-        finish_reason=_string(body, "stop_reason"),
+        finish_reason=stop_reason and FINISH_REASONS.get(stop_reason, stop_reason),
+        tool_calls=tuple(calls),
     )
+
+
+def _tool_call(block: Mapping[str, Any], where: str) -> ToolCall:
+    """A ``tool_use`` block as a call: its ``input`` object becomes the JSON text clients read."""
+    ident, name, arguments = block.get("id"), block.get("name"), block.get("input")
+    if not (isinstance(ident, str) and isinstance(name, str) and isinstance(arguments, dict)):
+        raise MalformedResponse(
+            f"{where} (tool_use) needs a string id and name, and an input object"
+        )
+    try:
+        return ToolCall(id=ident, name=name, arguments=json.dumps(arguments))
+    except ValidationError as exc:  # an empty or overlong id or name
+        raise MalformedResponse(f"{where} (tool_use): {exc.errors()[0]['msg']}") from exc
 
 
 def parse_usage(raw: Any) -> Usage:
@@ -196,7 +332,24 @@ class AnthropicWorker(HttpWorker):
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> Completion:
-        payload = build_request(self.model, messages, max_tokens, temperature)
+        return await self._call(build_request(self.model, messages, max_tokens, temperature))
+
+    async def complete_with_tools(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: ToolUse,
+        *,
+        max_tokens: int,
+        temperature: float,
+    ) -> Completion:
+        """One whole (not streamed) call: its tool calls go back to the client in one answer."""
+        try:
+            payload = build_request(self.model, messages, max_tokens, temperature, tools=tools)
+        except ProviderRejected as exc:
+            raise ProviderRejected(f"{self.provider}: {exc}") from exc
+        return await self._call(payload)
+
+    async def _call(self, payload: Mapping[str, Any]) -> Completion:
         body = await post_json(
             self._client, self.url, self._headers, payload, self.timeout_s, self.provider
         )

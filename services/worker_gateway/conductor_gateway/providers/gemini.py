@@ -9,17 +9,29 @@ cost accounting belong to the gateway around it.
 Usage mapping: Gemini bills thinking tokens (``thoughtsTokenCount``) as output but reports them
 apart from ``candidatesTokenCount``, so ``completion_tokens`` is their sum and
 ``reasoning_tokens`` the thoughts alone; ``promptTokenCount`` already includes the cached part.
+
+Function calling (https://ai.google.dev/gemini-api/docs/function-calling, whole calls only):
+tools go as ``functionDeclarations`` whose parameters travel as ``parametersJsonSchema``, the
+v1beta field that takes JSON Schema as clients write it for OpenAI (``parameters`` takes only
+an OpenAPI subset and refuses ``additionalProperties``, ``$schema`` and the like). A call in
+the history is a ``functionCall`` part of a "model" turn; a result a ``functionResponse`` part
+of a "user" turn, named by its function (Gemini matches results to calls by name and order,
+so no ids are sent). Not carried: Gemini 3's ``thoughtSignature`` on a call, which
+``ToolCall`` has no room for (such models may refuse a history of calls without it).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 from httpx_sse import ServerSentEvent
+from pydantic import ValidationError
 
-from conductor.chat import ChatMessage, Completion, Usage
+from conductor.chat import ChatMessage, Completion, ToolCall, ToolSpec, ToolUse, Usage
 from conductor.errors import (
     MalformedResponse,
     ProviderRejected,
@@ -40,53 +52,178 @@ from conductor_adapters.http_wire import (
     token_count,
 )
 from conductor_gateway.providers.endpoint import HttpWorker
-from conductor_gateway.providers.turns import system_and_turns
 
 API_VERSION = "v1beta"
-ROLES = {"user": "user", "assistant": "model"}
 # Finish reasons of an answer the model completed (or ran out of room for); any other reason
 # with no text means Google withheld the answer (SAFETY, RECITATION, PROHIBITED_CONTENT, ...).
 ANSWERED = frozenset({"STOP", "MAX_TOKENS"})
+# A function call the model botched (broken arguments, a tool it may not call): any text beside
+# it is narration, not an answer, and another sample may well make a whole call.
+BOTCHED_CALL = frozenset({"MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL"})
 # In-stream error statuses worth another try, as their HTTP twins (429, 500, 503, 504) are.
 RETRYABLE_STATUSES = frozenset({"UNAVAILABLE", "INTERNAL", "DEADLINE_EXCEEDED"})
+# tool_choice as functionCallingConfig.mode; a tool's name is ANY limited to that tool.
+CALLING_MODES = {"auto": "AUTO", "required": "ANY", "none": "NONE"}
+TOOL_CALLS = "tool_calls"  # the finish reason of an answer of calls, as OpenAI names it
 
 
 def build_request(
-    messages: Sequence[ChatMessage], max_tokens: int, temperature: float
+    messages: Sequence[ChatMessage],
+    max_tokens: int,
+    temperature: float,
+    tools: ToolUse | None = None,
 ) -> dict[str, Any]:
     """The JSON body of ``generateContent``: system text apart, assistant turns as "model".
 
-    Consecutive turns of one role are merged, since Gemini expects the roles to alternate.
+    A history with tool calls and results is valid without ``tools`` (a client may stop
+    offering them); one whose calls or results Gemini cannot take is ProviderRejected.
     """
-    system, turns = system_and_turns(messages)
-    contents = [{"role": ROLES[role], "parts": [{"text": text}]} for role, text in turns]
+    system = [m.content for m in messages if m.role == "system"]
     payload: dict[str, Any] = {
-        "contents": contents,
+        "contents": wire_contents(messages),
         "generationConfig": {"maxOutputTokens": max_tokens, "temperature": temperature},
     }
-    if system is not None:
-        payload["systemInstruction"] = {"parts": [{"text": system}]}
+    if system:
+        payload["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}
+    if tools is not None:
+        payload.update(wire_tools(tools))
     return payload
+
+
+def wire_tools(tools: ToolUse) -> dict[str, Any]:
+    """``tools`` and ``toolConfig`` as generateContent takes them. ``tools.parallel`` is not
+    sent: Gemini has no switch for parallel calls (it may always make several)."""
+    config: dict[str, Any] = {"mode": CALLING_MODES.get(tools.choice, "ANY")}
+    if tools.choice not in CALLING_MODES:
+        config["allowedFunctionNames"] = [tools.choice]
+    declarations = [_declaration(tool) for tool in tools.tools]
+    return {
+        "tools": [{"functionDeclarations": declarations}],
+        "toolConfig": {"functionCallingConfig": config},
+    }
+
+
+def _declaration(tool: ToolSpec) -> dict[str, Any]:
+    """One FunctionDeclaration; ``strict`` has no Gemini counterpart and is not sent."""
+    declaration: dict[str, Any] = {"name": tool.name}
+    if tool.description is not None:
+        declaration["description"] = tool.description
+    if tool.parameters is not None:
+        declaration["parametersJsonSchema"] = tool.parameters
+    return declaration
+
+
+def wire_contents(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """The turns other than system ones as Gemini contents.
+
+    Consecutive turns of one role are merged, since Gemini expects the roles to alternate:
+    texts a blank line apart, other parts side by side (a batch of tool results is one "user"
+    turn of functionResponse parts, as Gemini asks).
+    """
+    names: dict[str, str] = {}  # a call's id -> its function, from the calls seen so far
+    contents: list[dict[str, Any]] = []
+    for index, message in enumerate(messages):
+        if message.role == "system":
+            continue
+        if message.role == "assistant":
+            role, parts = "model", _model_parts(message, index, names)
+        elif message.role == "tool":
+            role, parts = "user", [_function_response(message, index, names)]
+        else:
+            role, parts = "user", [{"text": message.content}]
+        _append(contents, role, parts)
+    return contents
+
+
+def _append(contents: list[dict[str, Any]], role: str, parts: list[dict[str, Any]]) -> None:
+    if not contents or contents[-1]["role"] != role:
+        contents.append({"role": role, "parts": parts})
+        return
+    merged: list[dict[str, Any]] = contents[-1]["parts"]
+    if _is_text(merged[-1]) and _is_text(parts[0]):
+        merged[-1] = {"text": f"{merged[-1]['text']}\n\n{parts[0]['text']}"}
+        parts = parts[1:]
+    merged.extend(parts)
+
+
+def _is_text(part: dict[str, Any]) -> bool:
+    return part.keys() == {"text"}
+
+
+def _model_parts(message: ChatMessage, index: int, names: dict[str, str]) -> list[dict[str, Any]]:
+    """An assistant turn: its text (none when it only calls), then its calls."""
+    parts: list[dict[str, Any]] = []
+    if message.content or not message.tool_calls:
+        parts.append({"text": message.content})
+    for n, call in enumerate(message.tool_calls):
+        names[call.id] = call.name
+        args = _arguments(call, f"messages[{index}].tool_calls[{n}].arguments")
+        parts.append({"functionCall": {"name": call.name, "args": args}})
+    return parts
+
+
+def _arguments(call: ToolCall, where: str) -> dict[str, Any]:
+    """A call's arguments as the object Gemini takes. OpenAI passes the text through as the
+    model wrote it; Gemini needs it parsed, and a text that is not an object would fail the
+    same way on every try (so ProviderRejected: not retried)."""
+    if not call.arguments.strip():
+        return {}  # a call with no arguments, as some servers write it
+    try:
+        args = json.loads(call.arguments)
+    except ValueError as exc:
+        raise ProviderRejected(
+            f"{where} of {call.name!r} is not JSON ({exc}): Gemini takes a call's arguments "
+            "as a JSON object"
+        ) from None
+    if not isinstance(args, dict):
+        raise ProviderRejected(
+            f"{where} of {call.name!r} must be a JSON object for Gemini, got {kind(args)}"
+        )
+    return args
+
+
+def _function_response(
+    message: ChatMessage, index: int, names: Mapping[str, str]
+) -> dict[str, Any]:
+    """A tool result, named by the function of the call it answers (Gemini matches by name).
+
+    The result text goes whole under "output", the key Gemini reads as a function's output,
+    whatever it holds: parsing JSON results would give one result two shapes by its content.
+    """
+    name = names.get(message.tool_call_id or "")
+    if name is None:
+        raise ProviderRejected(
+            f"messages[{index}].tool_call_id {message.tool_call_id!r} answers no tool call of "
+            "an earlier assistant message: Gemini names a result by its call's function"
+        )
+    return {"functionResponse": {"name": name, "response": {"output": message.content}}}
 
 
 def parse_response(body: Any, model: str) -> Completion:
     """Read a GenerateContentResponse; off-format is MalformedResponse, never KeyError.
 
     A withheld answer (blocked prompt or candidate) is ProviderRejected: asking again gets the
-    same verdict. ``model`` names the answer when the body carries no ``modelVersion``.
+    same verdict. ``model`` names the answer when the body carries no ``modelVersion``. An
+    answer with function calls finishes "tool_calls", as on the OpenAI wire.
     """
     response = json_object(body, "response")
     if "error" in response and "candidates" not in response:
         raise MalformedResponse(f"2xx response carries an error: {error_detail(response)}")
-    texts, finish_reason, usage, model = _read_chunk(response, model)
+    chunk = _read_chunk(response, model)
     if not response.get("candidates"):
         got = kind(response.get("candidates"))
         raise MalformedResponse(f"'candidates' must be a non-empty list, got {got}")
-    if usage is None:
+    if chunk.usage is None:
         raise MalformedResponse("usageMetadata must be an object, got null")
-    text = "".join(texts)
-    _check_withheld(finish_reason, has_text=bool(text))
-    return Completion(text=text, usage=usage, model=model, finish_reason=finish_reason)
+    text = "".join(chunk.texts)
+    _check_withheld(chunk.finish_reason, answered=bool(text or chunk.calls))
+    return Completion(
+        text=text,
+        usage=chunk.usage,
+        model=chunk.model,
+        finish_reason=TOOL_CALLS if chunk.calls else chunk.finish_reason,
+        tool_calls=chunk.calls,
+    )
 
 
 def parse_usage(raw: Any) -> Usage:
@@ -121,15 +258,15 @@ async def read_stream(
         if not event.data.strip():
             continue
         try:
-            texts, finish, chunk_usage, model = _read_chunk(_decode(event.data), model)
-            usage = chunk_usage or usage
-            answered = answered or any(texts)
-            finish_reason = finish or finish_reason
+            chunk = _read_chunk(_decode(event.data), model)
+            usage, model = chunk.usage or usage, chunk.model
+            answered = answered or any(chunk.texts)
+            finish_reason = chunk.finish_reason or finish_reason
             if finish_reason is not None:
-                _check_withheld(finish_reason, has_text=answered)
+                _check_withheld(finish_reason, answered=answered)
         except WorkerError as exc:
             raise _labelled(exc, provider, secret) from exc
-        for text in texts:
+        for text in chunk.texts:
             if text:
                 yield TextDelta(text)
     if finish_reason is None:
@@ -139,22 +276,32 @@ async def read_stream(
     yield StreamEnd(usage=usage, finish_reason=finish_reason, model=model)
 
 
-def _read_chunk(
-    chunk: dict[str, Any], model: str
-) -> tuple[list[str], str | None, Usage | None, str]:
-    """A response's (or stream chunk's) text pieces, finish reason, usage and model; no
-    candidates is no text, unless the prompt was blocked."""
+@dataclass(frozen=True)
+class _Chunk:
+    """What one response (or stream chunk) says: answer text pieces (thoughts left out), the
+    function calls asked for, the finish reason, usage and model."""
+
+    texts: list[str]
+    calls: tuple[ToolCall, ...]
+    finish_reason: str | None
+    usage: Usage | None
+    model: str
+
+
+def _read_chunk(chunk: dict[str, Any], model: str) -> _Chunk:
+    """No candidates is no text, unless the prompt was blocked."""
     raw_usage = chunk.get("usageMetadata")
     usage = None if raw_usage is None else parse_usage(raw_usage)
     model = _model_version(chunk) or model
     candidates = chunk.get("candidates")
     if not candidates:
         _check_prompt_feedback(chunk)
-        return [], None, usage, model
+        return _Chunk([], (), None, usage, model)
     if not isinstance(candidates, list):
         raise MalformedResponse(f"'candidates' must be a list, got {kind(candidates)}")
-    texts, finish_reason = _read_candidate(candidates[0])
-    return texts, finish_reason, usage, model
+    texts, raw_calls, finish_reason = _read_candidate(candidates[0])
+    calls = _tool_calls(raw_calls, chunk.get("responseId"))
+    return _Chunk(texts, calls, finish_reason, usage, model)
 
 
 def _decode(data: str) -> dict[str, Any]:
@@ -180,8 +327,9 @@ def _stream_error(chunk: dict[str, Any]) -> WorkerError:
     return MalformedResponse(message, status_code=status_code)
 
 
-def _read_candidate(raw: Any) -> tuple[list[str], str | None]:
-    """The candidate's answer text pieces (thoughts left out) and its finish reason."""
+def _read_candidate(raw: Any) -> tuple[list[str], list[tuple[str, Any]], str | None]:
+    """The candidate's answer text pieces (thoughts left out), its functionCall objects (each
+    with where it is, for errors) and its finish reason."""
     candidate = json_object(raw, "candidates[0]")
     finish_reason = candidate.get("finishReason")
     if finish_reason is not None and not isinstance(finish_reason, str):
@@ -191,14 +339,42 @@ def _read_candidate(raw: Any) -> tuple[list[str], str | None]:
     if not isinstance(parts, list):
         raise MalformedResponse(f"candidates[0].content.parts must be a list, got {kind(parts)}")
     texts: list[str] = []
-    for raw_part in parts:
+    calls: list[tuple[str, Any]] = []
+    for i, raw_part in enumerate(parts):
         part = json_object(raw_part, "candidates[0].content.parts[]")
         text = part.get("text")
         if text is not None and not isinstance(text, str):
             raise MalformedResponse(f"a part's text must be a string, got {kind(text)}")
         if text is not None and part.get("thought") is not True:
             texts.append(text)
-    return texts, finish_reason
+        if "functionCall" in part:
+            calls.append((f"candidates[0].content.parts[{i}].functionCall", part["functionCall"]))
+    return texts, calls, finish_reason
+
+
+def _tool_calls(raw_calls: list[tuple[str, Any]], response_id: Any) -> tuple[ToolCall, ...]:
+    """The functionCall objects as ToolCalls. A call without Gemini's optional ``id`` gets one
+    from the response's id and its place, unique across turns, as clients expect ids to be."""
+    prefix = f"call_{response_id}_" if isinstance(response_id, str) and response_id else "call_"
+    return tuple(_tool_call(raw, where, f"{prefix}{n}") for n, (where, raw) in enumerate(raw_calls))
+
+
+def _tool_call(raw: Any, where: str, default_id: str) -> ToolCall:
+    call = json_object(raw, where)
+    name, args, ident = call.get("name"), call.get("args", {}), call.get("id")
+    if not isinstance(name, str) or not name:
+        raise MalformedResponse(f"{where}.name must be a non-empty string, got {kind(name)}")
+    if args is None:
+        args = {}  # a function without parameters
+    if not isinstance(args, dict):
+        raise MalformedResponse(f"{where}.args must be an object, got {kind(args)}")
+    if ident is not None and not isinstance(ident, str):
+        raise MalformedResponse(f"{where}.id must be a string, got {kind(ident)}")
+    arguments = json.dumps(args, ensure_ascii=False)  # as the model wrote them, not \u-escaped
+    try:
+        return ToolCall(id=ident or default_id, name=name, arguments=arguments)
+    except ValidationError as exc:  # an id or name past ToolCall's bounds
+        raise MalformedResponse(f"{where}: {exc.errors()[0]['msg']}") from None
 
 
 def _check_prompt_feedback(response: dict[str, Any]) -> None:
@@ -210,8 +386,14 @@ def _check_prompt_feedback(response: dict[str, Any]) -> None:
         )
 
 
-def _check_withheld(finish_reason: str | None, *, has_text: bool) -> None:
-    if finish_reason is not None and finish_reason not in ANSWERED and not has_text:
+def _check_withheld(finish_reason: str | None, *, answered: bool) -> None:
+    """``answered``: the model gave text or function calls."""
+    if finish_reason in BOTCHED_CALL:
+        raise MalformedResponse(
+            f"Gemini's function call was unusable (finishReason {finish_reason}); another "
+            "try may make a whole one"
+        )
+    if finish_reason is not None and finish_reason not in ANSWERED and not answered:
         raise ProviderRejected(
             f"Gemini withheld the answer (finishReason {finish_reason}); retrying will not help"
         )
@@ -235,7 +417,8 @@ def _model_version(body: Mapping[str, Any]) -> str:
 
 
 class GeminiWorker(HttpWorker):
-    """A ChatWorker that POSTs ``{base_url}/v1beta/models/{model}:generateContent``."""
+    """A ChatWorker (and ToolCallingWorker) that POSTs
+    ``{base_url}/v1beta/models/{model}:generateContent``."""
 
     providers = frozenset({Provider.GEMINI})
     wire_format = "Gemini wire format"
@@ -249,7 +432,43 @@ class GeminiWorker(HttpWorker):
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> Completion:
-        payload = build_request(messages, max_tokens, temperature)
+        return await self._generate(self._payload(messages, max_tokens, temperature))
+
+    async def complete_with_tools(
+        self,
+        messages: Sequence[ChatMessage],
+        tools: ToolUse,
+        *,
+        max_tokens: int,
+        temperature: float,
+    ) -> Completion:
+        return await self._generate(self._payload(messages, max_tokens, temperature, tools))
+
+    def stream(
+        self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
+    ) -> AsyncIterator[StreamEvent]:
+        payload = self._payload(messages, max_tokens, temperature)
+        url = f"{self.url}:streamGenerateContent?alt=sse"
+        events = stream_sse(
+            self._client, url, self._headers, payload, self.timeout_s, self.provider
+        )
+        return read_stream(events, self.provider, self.model, self._api_key)
+
+    def _payload(
+        self,
+        messages: Sequence[ChatMessage],
+        max_tokens: int,
+        temperature: float,
+        tools: ToolUse | None = None,
+    ) -> dict[str, Any]:
+        """The request body; a history Gemini cannot take is refused naming this worker, with
+        no HTTP status: nothing was sent."""
+        try:
+            return build_request(messages, max_tokens, temperature, tools)
+        except ProviderRejected as exc:
+            raise ProviderRejected(f"{self.provider}: {exc}") from exc
+
+    async def _generate(self, payload: dict[str, Any]) -> Completion:
         url = f"{self.url}:generateContent"
         body = await post_json(
             self._client, url, self._headers, payload, self.timeout_s, self.provider
@@ -258,13 +477,3 @@ class GeminiWorker(HttpWorker):
             return parse_response(body, self.model)
         except WorkerError as exc:
             raise _labelled(exc, self.provider, self._api_key) from exc
-
-    def stream(
-        self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
-    ) -> AsyncIterator[StreamEvent]:
-        payload = build_request(messages, max_tokens, temperature)
-        url = f"{self.url}:streamGenerateContent?alt=sse"
-        events = stream_sse(
-            self._client, url, self._headers, payload, self.timeout_s, self.provider
-        )
-        return read_stream(events, self.provider, self.model, self._api_key)
