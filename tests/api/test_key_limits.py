@@ -163,6 +163,34 @@ def test_tokens_per_minute_count_the_workflows_that_ended(api: Api) -> None:
     assert 1 <= int(second.headers["Retry-After"]) <= 60
 
 
+def test_workers_called_directly_count_against_tokens_per_minute_and_the_budget(
+    tmp_path: Path,
+) -> None:
+    # Given a worker that costs money (a call here: 4 prompt and 1 completion tokens), a key
+    # with a budget smaller than one call, and a key allowed 4 tokens a minute
+    url = f"sqlite:///{tmp_path / 'conductor.db'}"
+    price = Price(input=100.0, output=100.0)  # USD per million tokens
+    server = LiveApi(lambda: scripted_service(url, [ScriptedWorker("alpha")], price=price))
+    direct = {"model": "alpha", "messages": [{"role": "user", "content": "one two three four"}]}
+    try:
+        engine = server.service.engine
+        budget = KeyLimits(budget_usd=0.0001, budget_period="day")
+        budgeted = create_key(engine, "acme", limits=budget).secret
+        metered = create_key(engine, "acme", limits=KeyLimits(tpm_limit=4)).secret
+
+        # When each calls alpha directly, twice (no workflow: a pass-through)
+        spent = [_post(server.url, budgeted, "/v1/chat/completions", **direct) for _ in "12"]
+        tokens = [_post(server.url, metered, "/v1/chat/completions", **direct) for _ in "12"]
+    finally:
+        server.close()
+
+    # Then the first calls went through and their spend counted: the second of each is refused
+    assert [r.status_code for r in spent] == [200, 429], spent[1].text
+    assert spent[1].json()["error"]["code"] == "budget_exceeded"
+    assert [r.status_code for r in tokens] == [200, 429], tokens[1].text
+    assert tokens[1].json()["error"]["code"] == "tokens_limit_exceeded"
+
+
 def test_grpc_submissions_count_against_the_same_limits(api: Api) -> None:
     key = create_key(api.server.service.engine, "acme", limits=KeyLimits(rpm_limit=1))
     metadata = [("authorization", f"Bearer {key.secret}")]

@@ -23,6 +23,8 @@ from conductor.answer_format import AnswerFormat, AnswerFormatError
 from conductor.chat import ChatMessage, ToolCall, ToolUse, Usage
 from conductor.errors import StepCallFailed
 from conductor.ports import StepCallResult
+from conductor.workflow import AttemptRecord, attempts_total
+from conductor_adapters.store.keys import record_direct_call
 from conductor_api.admission import admit, request_state
 from conductor_api.auth import CallerDep
 from conductor_api.errors import ApiError, error_body, unsupported, without_addresses
@@ -567,13 +569,18 @@ def worker_call(
         messages = [*messages, ChatMessage(role="system", content=answer_format.instruction())]
 
     async def call() -> StepCallResult:
-        result = await service.passthrough(
-            worker,
-            messages,
-            allowed_workers=caller.allowed_pool,
-            tenant=caller.tenant,
-            tools=tools,
-        )
+        try:
+            result = await service.passthrough(
+                worker,
+                messages,
+                allowed_workers=caller.allowed_pool,
+                tenant=caller.tenant,
+                tools=tools,
+            )
+        except StepCallFailed as exc:
+            await _count_spend(service, caller, worker, exc.attempts)
+            raise
+        await _count_spend(service, caller, worker, result.attempts)
         if answer_format is None or result.tool_calls:
             return result
         try:
@@ -584,6 +591,19 @@ def worker_call(
         return result.model_copy(update={"text": text})
 
     return call
+
+
+async def _count_spend(
+    service: WorkflowService, caller: Caller, worker: str, attempts: list[AttemptRecord]
+) -> None:
+    """What a direct call spent (every attempt), counted against its key's tokens per minute
+    and budget as a workflow's spend is."""
+    usage, cost = attempts_total(attempts)
+    if caller.key_id is None or not (usage.total_tokens or cost):
+        return
+    await asyncio.to_thread(
+        record_direct_call, service.engine, caller.key_id, worker, usage.total_tokens, cost
+    )
 
 
 def passthrough_field(result: StepCallResult) -> dict[str, Any]:

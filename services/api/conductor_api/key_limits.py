@@ -5,9 +5,10 @@ Requests per minute use the ``limits`` library's moving window, in Redis for the
 API (every replica shares one window per key) and in memory for the embedded one (one
 process). The other three are read from the trace table, which every replica and runtime
 writes: a key's workflows queued or running, the tokens of its workflows that ended in the
-last minute, and the cost of those it submitted this period. They are exact whatever replica
-took the work; their limits hold from the next request on (a request running when a budget
-is spent finishes).
+last minute, and the cost of those it submitted this period; its calls of single workers
+(pass-through) add their tokens and cost from the ``direct_call`` table. They are exact
+whatever replica took the work; their limits hold from the next request on (a request
+running when a budget is spent finishes).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from limits.aio.strategies import MovingWindowRateLimiter
 from sqlalchemy import Engine, func, select
 
 from conductor_adapters.store.keys import KeyLimits
-from conductor_adapters.store.models import workflow_table
+from conductor_adapters.store.models import direct_call_table, workflow_table
 from conductor_api.errors import ApiError
 
 ACTIVE = ("queued", "running")
@@ -59,6 +60,7 @@ def read_usage(
     table = workflow_table
     mine = table.c.key_id == key_id
     active, tokens, oldest, spent = 0, 0, None, 0.0
+    direct, by_key = direct_call_table, direct_call_table.c.key_id == key_id
     with engine.connect() as conn:
         if count_active and limits.max_concurrent is not None:
             active = conn.execute(
@@ -74,13 +76,25 @@ def read_usage(
                     func.min(table.c.finished_at),
                 ).where(*window, table.c.finished_at >= since)
             ).one()
-            tokens, oldest = int(row[0]), row[1]
+            direct_row = conn.execute(
+                select(
+                    func.coalesce(func.sum(direct.c.total_tokens), 0), func.min(direct.c.at)
+                ).where(by_key, direct.c.at >= since)
+            ).one()
+            tokens = int(row[0]) + int(direct_row[0])
+            oldest = min((t for t in (row[1], direct_row[1]) if t is not None), default=None)
         if limits.budget_usd is not None and limits.budget_period is not None:
             start = period_start(limits.budget_period, now)
             spent = float(
                 conn.execute(
                     select(func.coalesce(func.sum(table.c.cost_usd), 0.0)).where(
                         mine, table.c.created_at >= start
+                    )
+                ).scalar_one()
+            ) + float(
+                conn.execute(
+                    select(func.coalesce(func.sum(direct.c.cost_usd), 0.0)).where(
+                        by_key, direct.c.at >= start
                     )
                 ).scalar_one()
             )

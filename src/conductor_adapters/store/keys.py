@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import Engine, insert, select, update
 
 from conductor.errors import InvalidRequest
-from conductor_adapters.store.models import api_key_table
+from conductor_adapters.store.models import api_key_table, direct_call_table
 
 KEY_PREFIX = "cnd"
 _TENANT = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
@@ -266,3 +266,20 @@ class CachedKeys:
         exists = await asyncio.to_thread(any_key_exists, self.engine)
         self._any = (now, exists)
         return exists
+
+
+def record_direct_call(
+    engine: Engine, key_id: str, worker: str, total_tokens: int, cost_usd: float
+) -> None:
+    """What a worker called directly by ``key_id`` spent (every attempt, failed ones too): it
+    counts against the key's tokens per minute and budget beside its workflows."""
+    with engine.begin() as conn:
+        conn.execute(
+            insert(direct_call_table).values(
+                key_id=key_id,
+                worker=worker,
+                at=datetime.now(UTC),
+                total_tokens=total_tokens,
+                cost_usd=cost_usd,
+            )
+        )

@@ -374,6 +374,22 @@ class WebhookDeliveryRow(DbModel, table=True):
     __table_args__ = (Index("ix_webhook_delivery_due", "status", "next_attempt_at"),)
 
 
+class DirectCallRow(DbModel, table=True):
+    """A worker called directly by an API key (a pass-through, not a workflow): its tokens and
+    cost, which count against the key's tokens per minute and budget as a workflow's do."""
+
+    __tablename__ = "direct_call"
+
+    id: int | None = Field(default=None, primary_key=True)
+    key_id: str = Field(max_length=32)
+    worker: str
+    at: datetime = Field(sa_type=UTCDateTime())
+    total_tokens: int = 0
+    cost_usd: float = 0.0
+
+    __table_args__ = (Index("ix_direct_call_key_at", "key_id", "at"),)
+
+
 workflow_table: Table = metadata.tables["workflow"]
 step_table: Table = metadata.tables["step"]
 attempt_table: Table = metadata.tables["attempt"]
@@ -383,3 +399,4 @@ api_key_table: Table = metadata.tables["api_key"]
 runner_table: Table = metadata.tables["runner"]
 response_table: Table = metadata.tables["response"]
 webhook_delivery_table: Table = metadata.tables["webhook_delivery"]
+direct_call_table: Table = metadata.tables["direct_call"]
