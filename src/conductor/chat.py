@@ -7,6 +7,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 Role = Literal["system", "user", "assistant", "tool"]
+# An inline image's data URL: 20 MB of base64 (about 15 MB of image), OpenAI's own limit.
+MAX_IMAGE_URL_CHARS = 20_000_000
 
 
 class ToolCall(BaseModel):
@@ -19,9 +21,27 @@ class ToolCall(BaseModel):
     arguments: str  # JSON text, as the model wrote it (it may not parse)
 
 
+class ImagePart(BaseModel):
+    """An image a user turn shows the model: a ``data:<media type>;base64,...`` URL carrying
+    the image, or an http(s) URL the provider fetches it from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    url: str = Field(min_length=1, max_length=MAX_IMAGE_URL_CHARS)
+    detail: Literal["auto", "low", "high"] | None = None  # OpenAI's; others ignore it
+
+    @property
+    def inline(self) -> tuple[str, str] | None:
+        """(media type, base64 data) of a data URL; None for an http(s) URL."""
+        if not self.url.startswith("data:"):
+            return None
+        header, _, data = self.url.partition(",")
+        return header.removeprefix("data:").removesuffix(";base64"), data
+
+
 class ChatMessage(BaseModel):
-    """One turn. An assistant turn may carry the tool calls it asked for; a ``tool`` turn is
-    one call's result, named by ``tool_call_id``."""
+    """One turn. A user turn may show images (after its text); an assistant turn may carry the
+    tool calls it asked for; a ``tool`` turn is one call's result, named by ``tool_call_id``."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -29,6 +49,7 @@ class ChatMessage(BaseModel):
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    images: tuple[ImagePart, ...] = ()
 
 
 class ToolSpec(BaseModel):
