@@ -50,6 +50,12 @@ TOOL_CALLING_PROVIDERS = frozenset(
     {Provider.OPENAI, Provider.OPENAI_COMPATIBLE, Provider.ANTHROPIC, Provider.GEMINI}
 )
 
+# Providers whose workers are sent images on a direct call (whether the model itself sees
+# them is the model's: a text-only one refuses them with its provider's 400).
+IMAGE_PROVIDERS = frozenset(
+    {Provider.OPENAI, Provider.OPENAI_COMPATIBLE, Provider.ANTHROPIC, Provider.GEMINI}
+)
+
 # Cloud APIs that refuse calls without a key (self-hosted look-alikes may need none).
 KEYED_PROVIDERS = frozenset({Provider.OPENAI, Provider.ANTHROPIC, Provider.GEMINI})
 

@@ -66,6 +66,14 @@ def build_chat_request(
 
 def wire_message(message: ChatMessage) -> dict[str, Any]:
     wired: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.images:  # text, then the images, as content parts
+        parts: list[dict[str, Any]] = [{"type": "text", "text": message.content}]
+        for image in message.images:
+            url: dict[str, Any] = {"url": image.url}
+            if image.detail is not None:
+                url["detail"] = image.detail
+            parts.append({"type": "image_url", "image_url": url})
+        wired["content"] = parts if message.content else parts[1:]
     if message.tool_calls:
         wired["tool_calls"] = [
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}

@@ -462,7 +462,7 @@ def test_the_fields_sdks_send_by_default_are_accepted(api: Api) -> None:
     assert (body["max_tool_calls"], body["top_logprobs"]) == (3, 0)
 
 
-IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
+FILE = {"type": "input_file", "file_id": "file-1"}
 
 
 @pytest.mark.parametrize(
@@ -480,7 +480,7 @@ IMAGE = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
         ({"frobnicate": 1}, "frobnicate"),
         (
-            {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}, IMAGE]}]},
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}, FILE]}]},
             "input.0.content.1",
         ),
         ({"input": [{"type": "reasoning", "summary": []}]}, "input.0.type"),

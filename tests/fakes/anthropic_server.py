@@ -5,19 +5,23 @@ model, content blocks, stop_reason, stop_sequence, usage with ``cache_creation_i
 ``cache_read_input_tokens``); streams follow /en/api/messages-streaming (message_start,
 content_block_start, ping, content_block_delta, content_block_stop, message_delta, message_stop,
 error); errors use /en/api/errors ``{"type": "error", "error": {"type", "message"}}``; tools,
-``tool_choice``, ``tool_use`` and ``tool_result`` blocks follow /en/docs/agents-and-tools/tool-use.
+``tool_choice``, ``tool_use`` and ``tool_result`` blocks follow /en/docs/agents-and-tools/tool-use;
+``image`` blocks follow /en/docs/build-with-claude/vision.
 
 The default answer checks what the real API checks and an adapter could get wrong (headers,
 required fields, turns that alternate starting with the user, temperature within 0..1, tool
-definitions and choice, each turn of calls answered by results that open the next user turn),
-so a test against the fake fails where the vendor would refuse the request.
+definitions and choice, each turn of calls answered by results that open the next user turn,
+image sources of a known type and media type), so a test against the fake fails where the
+vendor would refuse the request.
 """
 
 from __future__ import annotations
 
+import binascii
 import itertools
 import json
 import math
+from base64 import b64decode
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -314,9 +318,9 @@ def _check_tools(body: dict[str, Any]) -> str | None:
 
 
 def _check_blocks(messages: list[dict[str, Any]], *, tools: bool) -> str | None:
-    """Content blocks: text not blank, calls in assistant turns, results in user turns, tools
-    defined when either appears, and each turn of calls answered by results that open the
-    next turn (and name only those calls)."""
+    """Content blocks: text not blank, images well formed, calls in assistant turns, results in
+    user turns, tools defined when either appears, and each turn of calls answered by results
+    that open the next turn, before any text or image (and name only those calls)."""
     called: list[str] = []  # the tool_use ids of the turn before
     for number, item in enumerate(messages):
         content = item.get("content")
@@ -333,7 +337,8 @@ def _check_blocks(messages: list[dict[str, Any]], *, tools: bool) -> str | None:
         kinds = [b["type"] for b in blocks]
         if not tools and ({"tool_use", "tool_result"} & set(kinds)):
             return "Requests which include `tool_use` or `tool_result` blocks must define tools."
-        leading = kinds.index("text") if "text" in kinds else len(kinds)
+        # The results must be the turn's first blocks: one after a text or an image is not read.
+        leading = next((i for i, k in enumerate(kinds) if k != "tool_result"), len(kinds))
         answered = [b["tool_use_id"] for b in blocks[:leading] if b["type"] == "tool_result"]
         if called and sorted(answered) != sorted(called):
             return (
@@ -374,6 +379,47 @@ def _check_block(block: Any, role: str, where: str) -> str | None:
             return f"{where}.tool_use_id: Field required"
         if not isinstance(block.get("content", ""), str | list):
             return f"{where}.content: Input should be a valid string or list"
+    elif kind == "image":
+        return _check_image(block, where)
     else:
         return f"{where}.type: Input tag {kind!r} does not match any of the expected tags"
+    return None
+
+
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+# The fields of each image source type. A "file" source (file_id) needs the Files API beta
+# header, which nothing here sends, so the fake knows only these two.
+_SOURCE_FIELDS = {"base64": {"type", "media_type", "data"}, "url": {"type", "url"}}
+
+
+def _check_image(block: dict[str, Any], where: str) -> str | None:
+    """An image block: a base64 source of a media type the API takes, or a url source; no
+    unknown fields (OpenAI's ``detail`` included)."""
+    for extra in sorted(set(block) - {"type", "source", "cache_control"}):
+        return f"{where}.image.{extra}: Extra inputs are not permitted"
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if not isinstance(source, dict) or kind not in _SOURCE_FIELDS:
+        return (
+            f"{where}.image.source: Input tag {kind!r} found using 'type' does not match any of "
+            "the expected tags: 'base64', 'url'"
+        )
+    for extra in sorted(set(source) - _SOURCE_FIELDS[kind]):
+        return f"{where}.image.source.{kind}.{extra}: Extra inputs are not permitted"
+    if kind == "url":
+        url = source.get("url")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            return f"{where}.image.source.url.url: Input should be an http(s) URL"
+        return None
+    if source.get("media_type") not in IMAGE_MEDIA_TYPES:
+        return (
+            f"{where}.image.source.base64.media_type: Input should be "
+            f"{', '.join(map(repr, IMAGE_MEDIA_TYPES))}"
+        )
+    data = source.get("data")
+    try:
+        if not isinstance(data, str) or not b64decode(data, validate=True):
+            raise ValueError(data)
+    except (binascii.Error, ValueError):
+        return f"{where}.image.source.base64.data: invalid base64 data"
     return None

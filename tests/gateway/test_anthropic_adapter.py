@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
 
-from conductor.chat import ChatMessage, Completion, ToolCall, ToolSpec, ToolUse
+from conductor.chat import ChatMessage, Completion, ImagePart, ToolCall, ToolSpec, ToolUse
 from conductor.errors import (
     ConfigurationError,
     MalformedResponse,
@@ -495,6 +496,149 @@ async def test_a_malformed_tool_use_block_is_a_malformed_response(
     assert caught.value.retryable
 
 
+# -- images --------------------------------------------------------------------------------
+
+# A PNG's signature: the fake only decodes the base64, it never looks at the picture.
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n").decode()
+PHOTO_URL = "https://example.com/cat.jpg"
+Mode = Literal["complete", "stream", "tools"]
+MODES: tuple[Mode, ...] = ("complete", "stream", "tools")
+
+
+def data_url(media_type: str, data: str = PNG) -> ImagePart:
+    return ImagePart(url=f"data:{media_type};base64,{data}")
+
+
+def png_block(media_type: str = "image/png") -> dict[str, Any]:
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": PNG}}
+
+
+def url_block(url: str = PHOTO_URL) -> dict[str, Any]:
+    return {"type": "image", "source": {"type": "url", "url": url}}
+
+
+async def call_in(mode: Mode, worker: AnthropicWorker, messages: list[ChatMessage]) -> Completion:
+    """One call the way ``mode`` names: images are not tool-only, so every way takes them."""
+    if mode == "stream":
+        return await collect_stream(worker.stream(messages, max_tokens=64, temperature=0.5), "x")
+    if mode == "tools":
+        return await call_with_tools(worker, messages)
+    return await call(worker, messages)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_images_go_before_their_text_as_base64_and_url_blocks(
+    fake: FakeAnthropicServer, worker: AnthropicWorker, mode: Mode
+) -> None:
+    # Given a user message showing a PNG data URL and an http URL (with OpenAI's detail)
+    shown = (data_url("image/png"), ImagePart(url=PHOTO_URL, detail="high"))
+    transcript = [QUESTION[0], ChatMessage(role="user", content="What is this?", images=shown)]
+
+    # When the worker is called with it, whole, streamed or with tools
+    result = await call_in(mode, worker, transcript)
+
+    # Then the data URL is a base64 source and the URL a url source, in the order shown, both
+    # before the text (the vision docs' image-then-text), no detail; and the fake reads them
+    assert result.text == "echo: What is this?"
+    assert fake.last_request.json["messages"] == [
+        {
+            "role": "user",
+            "content": [png_block(), url_block(), {"type": "text", "text": "What is this?"}],
+        }
+    ]
+
+
+async def test_each_merged_user_message_shows_its_images_before_its_own_text(
+    fake: FakeAnthropicServer, worker: AnthropicWorker
+) -> None:
+    # Given consecutive user messages, one of images alone, merged into one user turn; one
+    # media type written in capitals (media types are case-insensitive)
+    transcript = [
+        ChatMessage(role="user", content="The first.", images=(data_url("image/gif"),)),
+        ChatMessage(role="user", content="The second.", images=(data_url("image/WEBP"),)),
+        ChatMessage(role="user", content="", images=(ImagePart(url="http://example.com/c"),)),
+        ChatMessage(role="user", content="Which is largest?"),
+    ]
+
+    # When the worker is called with them
+    await call(worker, transcript)
+
+    # Then each message's images come just before its text, and an image-only message adds
+    # no text block
+    assert fake.last_request.json["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                png_block("image/gif"),
+                {"type": "text", "text": "The first."},
+                png_block("image/webp"),
+                {"type": "text", "text": "The second."},
+                url_block("http://example.com/c"),
+                {"type": "text", "text": "Which is largest?"},
+            ],
+        }
+    ]
+
+
+async def test_images_follow_the_tool_results_that_open_their_user_turn(
+    fake: FakeAnthropicServer, worker: AnthropicWorker
+) -> None:
+    # Given a call's result followed by a user message with text and an image: one user turn
+    transcript = [
+        *QUESTION,
+        ChatMessage(role="assistant", content="", tool_calls=(called("toolu_1", "Paris"),)),
+        ChatMessage(role="tool", content="18 C", tool_call_id="toolu_1"),
+        ChatMessage(role="user", content="Is this Paris?", images=(ImagePart(url=PHOTO_URL),)),
+    ]
+
+    # When the worker is called with tools
+    result = await call_with_tools(worker, transcript)
+
+    # Then the result still opens the turn (the fake refuses any block before it), then the
+    # image, then the text it concerns
+    assert result.finish_reason == "end_turn"
+    assert fake.last_request.json["messages"][-1] == {
+        "role": "user",
+        "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C"},
+            url_block(),
+            {"type": "text", "text": "Is this Paris?"},
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    ("image", "says"),
+    [
+        (data_url("image/bmp"), "image/jpeg, image/png, image/gif, image/webp, not 'image/bmp'"),
+        (data_url("image/svg+xml"), "not 'image/svg\\+xml'"),
+        (ImagePart(url="data:;base64,iVBO"), r"not '\(none\)'"),
+        (ImagePart(url="data:image/png,%89PNG"), "the data URL is not base64"),
+        (data_url("image/png", "not base64!"), "the data URL is not base64"),
+        (data_url("image/png", ""), "the data URL is not base64"),
+        (ImagePart(url="ftp://example.com/cat.png"), r"a base64 data URL or an http\(s\) URL"),
+    ],
+)
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_image_anthropic_cannot_take_is_refused_before_sending(
+    fake: FakeAnthropicServer, worker: AnthropicWorker, mode: Mode, image: ImagePart, says: str
+) -> None:
+    # Given a user message whose second image the API would refuse
+    shown = (data_url("image/png"), image)
+    transcript = [QUESTION[0], ChatMessage(role="user", content="What is this?", images=shown)]
+
+    # When the worker is called with it, whole, streamed or with tools
+    with pytest.raises(ProviderRejected, match=says) as caught:
+        await call_in(mode, worker, transcript)
+
+    # Then nothing is sent, the error names the worker and the image, and the gateway does not
+    # send the same request again
+    assert fake.message_requests == []
+    assert type(caught.value) is ProviderRejected
+    assert str(caught.value).startswith("worker 'claude': messages[1].images[1]: ")
+    assert not RetryPolicy().should_retry(caught.value, 1)
+
+
 # -- errors --------------------------------------------------------------------------------
 
 
@@ -837,6 +981,16 @@ def _with_choice(**choice: Any) -> dict[str, Any]:
     return {**TOOL_BODY, "tool_choice": choice}
 
 
+IMAGE: dict[str, Any] = png_block()
+ASK: dict[str, Any] = {"type": "text", "text": "What is this?"}
+
+
+def _showing(**source: Any) -> dict[str, Any]:
+    """A one-turn body showing an image whose source is IMAGE's with ``source`` over it."""
+    image = {"type": "image", "source": IMAGE["source"] | source}
+    return {**GOOD_BODY, "messages": [{"role": "user", "content": [image, ASK]}]}
+
+
 @pytest.mark.parametrize(
     ("headers", "body", "status", "type_"),
     [
@@ -892,6 +1046,24 @@ def _with_choice(**choice: Any) -> dict[str, Any]:
             "invalid_request_error",
         ),
         (GOOD_HEADERS, _with_choice(type="tool", name="nope"), 400, "invalid_request_error"),
+        (GOOD_HEADERS, _showing(), 200, "message"),
+        (
+            GOOD_HEADERS,
+            {**GOOD_BODY, "messages": [{"role": "user", "content": [url_block(), ASK]}]},
+            200,
+            "message",
+        ),
+        (GOOD_HEADERS, _with_turn(2, [RESULT, IMAGE, ASK]), 200, "message"),
+        (GOOD_HEADERS, _showing(type="image_url"), 400, "invalid_request_error"),
+        (GOOD_HEADERS, _showing(media_type="image/bmp"), 400, "invalid_request_error"),
+        (GOOD_HEADERS, _showing(data="not base64!"), 400, "invalid_request_error"),
+        (GOOD_HEADERS, _showing(detail="high"), 400, "invalid_request_error"),
+        (  # an image before the results
+            GOOD_HEADERS,
+            _with_turn(2, [IMAGE, RESULT, ASK]),
+            400,
+            "invalid_request_error",
+        ),
     ],
 )
 async def test_fake_validates_like_the_api(

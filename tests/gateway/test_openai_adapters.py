@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conductor.chat import ChatMessage, ToolCall, ToolSpec, ToolUse
+from conductor.chat import ChatMessage, ImagePart, ToolCall, ToolSpec, ToolUse
 from conductor.errors import (
     ConfigurationError,
     MalformedResponse,
@@ -500,3 +500,27 @@ async def test_a_malformed_tool_call_is_a_malformed_response(
         await worker.complete_with_tools(
             QUESTION, ToolUse(tools=(WEATHER,)), max_tokens=64, temperature=0.5
         )
+
+
+async def test_a_user_messages_images_go_as_image_url_parts_after_its_text(
+    fake_openai: FakeOpenAIServer, worker: OpenAICompatibleWorker
+) -> None:
+    # Given a user message showing an inline image and a linked one
+    inline = ImagePart(url="data:image/png;base64,AAAA", detail="low")
+    linked = ImagePart(url="https://example.com/a.png")
+    message = ChatMessage(role="user", content="What is this?", images=(inline, linked))
+
+    # When it is sent
+    await worker.complete([message], max_tokens=64, temperature=0.5)
+
+    # Then its content is the text, then each image, as Chat Completions takes them
+    assert fake_openai.last_request.json["messages"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": inline.url, "detail": "low"}},
+                {"type": "image_url", "image_url": {"url": linked.url}},
+            ],
+        }
+    ]

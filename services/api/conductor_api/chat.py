@@ -28,6 +28,7 @@ from conductor_adapters.store.keys import record_direct_call
 from conductor_api.admission import admit, request_state
 from conductor_api.auth import CallerDep
 from conductor_api.errors import ApiError, error_body, unsupported, without_addresses
+from conductor_api.images import IMAGE_PART, check_images, message_images
 from conductor_api.metrics import ApiMetrics
 from conductor_api.reads import load_workflow
 from conductor_api.schemas import (
@@ -209,6 +210,7 @@ async def chat_completions(
     tools = tool_use(body.tools, body.tool_choice, body.parallel_tool_calls, nested=True)
     passthrough = body.model in service.worker_names
     check_tools(service, body.model if passthrough else None, tools, body.messages)
+    check_images(service.pool.get(body.model) if passthrough else None, body.messages)
     await admit(
         service, metrics, caller, starts_workflow=not passthrough, state=request_state(request)
     )
@@ -283,10 +285,13 @@ def refuse_unsupported(body: ChatCompletionRequest) -> None:
             raise ApiError(400, f"messages[{i}].content: required", param=f"messages[{i}]")
         if isinstance(message.content, list):
             for j, part in enumerate(message.content):
+                if part.type == IMAGE_PART:
+                    continue  # where images may go is the route's to say (check_images)
                 if part.type != "text":
                     raise unsupported(
                         f"messages[{i}].content[{j}]",
-                        f"{part.type} content is not supported: send text parts only",
+                        f"{part.type} content is not supported: send text parts, and images "
+                        "to a worker called directly",
                     )
                 if part.text is None:
                     raise ApiError(
@@ -487,7 +492,8 @@ async def _workflow_stream(
 
 def worker_messages(messages: list[ChatMessageIn]) -> list[ChatMessage]:
     """The messages as a worker gets them (a developer message is a system message), tool
-    calls and results included; a 400 names a call or result that is not whole."""
+    calls and results and images included; a 400 names a call, result or image that is not
+    whole."""
     out = []
     for i, m in enumerate(messages):
         if m.role == "tool" and m.tool_call_id is None:
@@ -502,6 +508,7 @@ def worker_messages(messages: list[ChatMessageIn]) -> list[ChatMessage]:
                 content=m.text,
                 tool_calls=chat_tool_calls(m.tool_calls, f"messages[{i}].tool_calls"),
                 tool_call_id=m.tool_call_id if m.role == "tool" else None,
+                images=message_images(m, i),
             )
         )
     return out

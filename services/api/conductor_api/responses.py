@@ -56,6 +56,7 @@ from conductor_api.chat import (
     workflow_progress,
 )
 from conductor_api.errors import ApiError, not_found, unsupported
+from conductor_api.images import check_images
 from conductor_api.metrics import ApiMetrics
 from conductor_api.reads import load_workflow
 from conductor_api.responses_events import ResponseEvents
@@ -71,6 +72,7 @@ from conductor_api.responses_objects import (
 from conductor_api.responses_request import (
     check_supported,
     conversation,
+    first_image,
     input_items,
     invalid,
     question,
@@ -284,6 +286,8 @@ async def create_response(
     messages = conversation(stored)
     passthrough = body.model in service.worker_names
     check_tools(service, body.model if passthrough else None, tools, messages, "input")
+    where = first_image(items) or "previous_response_id"  # else an earlier turn's image
+    check_images(service.pool.get(body.model) if passthrough else None, messages, where)
     await admit(
         service, metrics, caller, starts_workflow=not passthrough, state=request_state(request)
     )

@@ -16,8 +16,9 @@ from conductor.orchestration import MAX_QUESTION_CHARS
 from conductor_adapters.store.responses import StoredResponse
 from conductor_api.chat import render_question
 from conductor_api.errors import ApiError, unsupported
+from conductor_api.images import IMAGE_PART, image_part
 from conductor_api.responses_schemas import ResponseCreateRequest
-from conductor_api.schemas import MAX_MESSAGES, ChatMessageIn
+from conductor_api.schemas import MAX_MESSAGES, ChatMessageIn, ContentPart
 from conductor_api.tools import tool_call
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -145,7 +146,9 @@ def _part_text(part: Any, param: str) -> str:
         return checked_text(part["refusal"], f"{param}.refusal")
     if isinstance(kind, str) and kind:
         raise unsupported(
-            param, f"{kind} parts are not supported: a workflow takes text parts only"
+            param,
+            f"{kind} parts are not supported: text parts, and images (input_image) for a "
+            "worker called directly",
         )
     raise invalid(f"{param}.type", 'expected "input_text" or "output_text"')
 
@@ -211,11 +214,11 @@ def _message(item: dict[str, Any], param: str) -> dict[str, Any]:
         raise invalid(f"{param}.role", f"expected one of {', '.join(ROLES)}")
     content = item.get("content")
     if isinstance(content, str):
-        texts = [checked_text(content, f"{param}.content")]
+        parts = [_stored_part(role, checked_text(content, f"{param}.content"))]
     elif isinstance(content, list) and content:
         if len(content) > MAX_MESSAGES:
             raise invalid(f"{param}.content", f"at most {MAX_MESSAGES} parts")
-        texts = [_part_text(p, f"{param}.content.{i}") for i, p in enumerate(content)]
+        parts = [_part(role, p, f"{param}.content.{i}") for i, p in enumerate(content)]
     else:
         raise invalid(f"{param}.content", "expected a string or a list of text parts")
     return {
@@ -223,8 +226,20 @@ def _message(item: dict[str, Any], param: str) -> dict[str, Any]:
         "type": "message",
         "role": role,
         "status": "completed",
-        "content": [_stored_part(role, t) for t in texts],
+        "content": parts,
     }
+
+
+def _part(role: str, part: Any, param: str) -> dict[str, Any]:
+    """A content part as stored: text, or (in a user message) an image by its URL."""
+    if not (isinstance(part, dict) and part.get("type") == "input_image"):
+        return _stored_part(role, _part_text(part, param))
+    if role != "user":
+        raise unsupported(param, "images go in user messages")
+    if part.get("file_id") is not None:
+        raise unsupported(f"{param}.file_id", "files are not kept here: send the image_url")
+    image = image_part({"url": part.get("image_url"), "detail": part.get("detail")}, param)
+    return {"type": "input_image", "image_url": image.url, "detail": image.detail or "auto"}
 
 
 def _stored_part(role: str, text: str) -> dict[str, Any]:
@@ -233,6 +248,15 @@ def _stored_part(role: str, text: str) -> dict[str, Any]:
     if role == "assistant":
         return {"type": "output_text", "text": text, "annotations": []}
     return {"type": "input_text", "text": text}
+
+
+def first_image(items: list[dict[str, Any]]) -> str | None:
+    """Where the first image of the input is (``input.I.content.J``); None without one."""
+    for i, item in enumerate(items):
+        for j, part in enumerate(item.get("content") or []):
+            if isinstance(part, dict) and part.get("type") == "input_image":
+                return f"input.{i}.content.{j}"
+    return None
 
 
 def input_items(raw: Any) -> list[dict[str, Any]]:
@@ -265,8 +289,17 @@ def turns(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             out.append({"role": "tool", "content": item["output"], "tool_call_id": item["call_id"]})
         else:
-            text = "".join(str(p.get("text", "")) for p in item.get("content", []))
-            out.append({"role": item["role"], "content": text})
+            parts = item.get("content", [])
+            text = "".join(str(p.get("text", "")) for p in parts)
+            turn: dict[str, Any] = {"role": item["role"], "content": text}
+            images = [
+                {"url": p["image_url"], "detail": p.get("detail")}
+                for p in parts
+                if p.get("type") == "input_image"
+            ]
+            if images:
+                turn["images"] = images
+            out.append(turn)
     return out
 
 
@@ -281,12 +314,22 @@ def conversation(stored: StoredResponse) -> list[ChatMessageIn]:
     return [
         ChatMessageIn.model_construct(
             role=cast(Role, m["role"]),
-            content=m["content"],
+            content=_chat_content(m),
             tool_calls=m.get("tool_calls"),
             tool_call_id=m.get("tool_call_id"),
         )
         for m in messages
     ]
+
+
+def _chat_content(turn: dict[str, Any]) -> str | list[ContentPart]:
+    """A turn's content as a chat message holds it: its text, then its images as
+    ``image_url`` parts."""
+    if not turn.get("images"):
+        return str(turn["content"])
+    text = ContentPart.model_construct(type="text", text=turn["content"])
+    images = [ContentPart.model_construct(type=IMAGE_PART, image_url=i) for i in turn["images"]]
+    return [text, *images]
 
 
 def question(messages: list[ChatMessageIn]) -> str:

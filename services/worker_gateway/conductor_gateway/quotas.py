@@ -32,7 +32,10 @@ from typing import Protocol
 from conductor.chat import ChatMessage, ToolUse
 from conductor.pool import Quotas
 
-MAX_POLL_S = 0.25  # how often a call waiting for a concurrency slot looks again
+MAX_POLL_S = 0.25
+# What an image may cost before the real count is known: about what a large one costs at
+# Anthropic (1,600) and OpenAI at high detail.
+IMAGE_TOKENS = 1600  # how often a call waiting for a concurrency slot looks again
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,9 @@ def estimate_tokens(
     calls included) at about four characters a token (plus a few per message), and the whole
     output budget."""
     prompt = sum(
-        math.ceil((len(m.content) + sum(len(c.arguments) for c in m.tool_calls)) / 4) + 4
+        math.ceil((len(m.content) + sum(len(c.arguments) for c in m.tool_calls)) / 4)
+        + 4
+        + IMAGE_TOKENS * len(m.images)
         for m in messages
     )
     if tools is not None:

@@ -11,12 +11,17 @@ Function calling (/en/docs/agents-and-tools/tool-use): tools go as ``{name, desc
 input_schema}`` with a ``tool_choice`` object; the model's calls come back as ``tool_use`` blocks
 (``input`` an object, not JSON text) and their results go back as ``tool_result`` blocks of a user
 turn, which must start the turn that follows the calls.
+
+Vision (/en/docs/build-with-claude/vision): a user message's images go as ``image`` blocks, a
+data URL's bytes as a ``base64`` source and an http(s) URL as a ``url`` source the API fetches.
 """
 
 from __future__ import annotations
 
+import binascii
 import contextlib
 import json
+from base64 import b64decode
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
@@ -24,7 +29,7 @@ from typing import Any, Literal, cast
 from httpx_sse import ServerSentEvent
 from pydantic import ValidationError
 
-from conductor.chat import ChatMessage, Completion, ToolCall, ToolUse, Usage
+from conductor.chat import ChatMessage, Completion, ImagePart, ToolCall, ToolUse, Usage
 from conductor.errors import MalformedResponse, ProviderRejected, ProviderUnavailable
 from conductor.pool import Provider
 from conductor.streaming import StreamEnd, StreamEvent, TextDelta
@@ -51,6 +56,8 @@ TOOL_CHOICES = {"auto": "auto", "required": "any", "none": "none"}
 FINISH_REASONS = {"tool_use": "tool_calls"}
 # input_schema is required: a function without parameters takes an empty object.
 _NO_PARAMETERS: Mapping[str, Any] = {"type": "object", "properties": {}}
+# The media types the API takes in a base64 image source; it refuses any other with a 400.
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 
 
 def build_request(
@@ -106,17 +113,24 @@ def wire_tools(tools: ToolUse) -> dict[str, Any]:
 
 @dataclass
 class _Turn:
-    """One wire turn being merged: its texts, and its tool blocks (calls or results)."""
+    """One wire turn being merged: its body (text blocks, and the images its user messages show,
+    in order) and its tool blocks (calls or results)."""
 
     role: Literal["user", "assistant"]
-    texts: list[str] = field(default_factory=list)
+    body: list[dict[str, Any]] = field(default_factory=list)
     blocks: list[dict[str, Any]] = field(default_factory=list)
 
+    def add_text(self, text: str) -> None:
+        """Consecutive texts make one text block, a blank line apart."""
+        if self.body and self.body[-1]["type"] == "text":
+            self.body[-1]["text"] += f"\n\n{text}"
+        else:
+            self.body.append({"type": "text", "text": text})
+
     def wire(self) -> dict[str, Any]:
-        text = "\n\n".join(self.texts)
-        if not self.blocks:
-            return {"role": self.role, "content": text}
-        lead = [{"type": "text", "text": text}] if text.strip() else []  # no blank text blocks
+        if not self.blocks and all(b["type"] == "text" for b in self.body):
+            return {"role": self.role, "content": self.body[0]["text"] if self.body else ""}
+        lead = [b for b in self.body if b["type"] != "text" or b["text"].strip()]  # none blank
         # Results open the user turn (the API looks for them first); calls close the assistant's.
         content = [*lead, *self.blocks] if self.role == "assistant" else [*self.blocks, *lead]
         return {"role": self.role, "content": content}
@@ -129,7 +143,8 @@ def wire_turns(
 
     A ``tool`` message is a user turn to Anthropic: results that follow one assistant turn, and a
     user message after them, make one user turn. Consecutive texts of a turn are kept a blank
-    line apart. ``tool_blocks`` False writes calls and results as text.
+    line apart. ``tool_blocks`` False writes calls and results as text; images are blocks either
+    way (they need no tools).
     """
     system = [m.content for m in messages if m.role == "system"]
     turns: list[_Turn] = []
@@ -144,15 +159,20 @@ def wire_turns(
             if tool_blocks:
                 turn.blocks.append(_tool_result(message))
             else:
-                turn.texts.append(f"Tool result ({message.tool_call_id}): {message.content}")
+                turn.add_text(f"Tool result ({message.tool_call_id}): {message.content}")
             continue
-        if message.content or not message.tool_calls:
-            turn.texts.append(message.content)
+        if message.role == "user":
+            # Each message's images go before its own text: the vision docs find Claude works
+            # best with an image-then-text structure (images after text only nearly as well).
+            for index, image in enumerate(message.images):
+                turn.body.append(_image(image, f"messages[{number}].images[{index}]"))
+        if message.content or not (message.tool_calls or message.images):
+            turn.add_text(message.content)
         for index, call in enumerate(message.tool_calls):
             if tool_blocks:
                 turn.blocks.append(_tool_use(call, f"messages[{number}].tool_calls[{index}]"))
             else:
-                turn.texts.append(f"[called {call.name}({call.arguments})]")
+                turn.add_text(f"[called {call.name}({call.arguments})]")
     return ("\n\n".join(system) if system else None), [t.wire() for t in turns]
 
 
@@ -175,6 +195,41 @@ def _tool_use(call: ToolCall, where: str) -> dict[str, Any]:
             f"got {kind(arguments)}"
         )
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": arguments}
+
+
+def _image(image: ImagePart, where: str) -> dict[str, Any]:
+    """An image as a user ``image`` block (``detail`` is OpenAI's: Anthropic has no such field and
+    refuses fields it does not know). A data URL the API would refuse, not base64 or of a media
+    type it does not take, is the request's fault: ProviderRejected before anything is sent, as
+    sending it again cannot help."""
+    inline = image.inline
+    if inline is None:
+        if not image.url[:8].lower().startswith(("http://", "https://")):
+            raise ProviderRejected(
+                f"{where}: Anthropic takes an image as a base64 data URL or an http(s) URL"
+            )
+        return {"type": "image", "source": {"type": "url", "url": image.url}}
+    media_type, data = inline
+    media_type = media_type.lower()  # media types are case-insensitive; the API's list is lower
+    if media_type not in IMAGE_MEDIA_TYPES:
+        raise ProviderRejected(
+            f"{where}: Anthropic takes images of media type {', '.join(IMAGE_MEDIA_TYPES)}, "
+            f"not {media_type or '(none)'!r}"
+        )
+    if not image.url.partition(",")[0].endswith(";base64") or not _is_base64(data):
+        raise ProviderRejected(
+            f"{where}: the data URL is not base64; Anthropic takes an inline image's bytes only "
+            "as base64"
+        )
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+
+
+def _is_base64(data: str) -> bool:
+    """Non-empty, and standard base64 the API can decode (no URL-safe letters, no spaces)."""
+    try:
+        return bool(data) and bool(b64decode(data, validate=True))
+    except (binascii.Error, ValueError):  # ValueError: characters beyond ASCII
+        return False
 
 
 def _tool_result(message: ChatMessage) -> dict[str, Any]:
@@ -332,7 +387,7 @@ class AnthropicWorker(HttpWorker):
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> Completion:
-        return await self._call(build_request(self.model, messages, max_tokens, temperature))
+        return await self._call(self._request(messages, max_tokens, temperature))
 
     async def complete_with_tools(
         self,
@@ -343,11 +398,24 @@ class AnthropicWorker(HttpWorker):
         temperature: float,
     ) -> Completion:
         """One whole (not streamed) call: its tool calls go back to the client in one answer."""
+        return await self._call(self._request(messages, max_tokens, temperature, tools=tools))
+
+    def _request(
+        self,
+        messages: Sequence[ChatMessage],
+        max_tokens: int,
+        temperature: float,
+        *,
+        stream: bool = False,
+        tools: ToolUse | None = None,
+    ) -> dict[str, Any]:
+        """``build_request``, its refusals (tool arguments, images) naming this worker."""
         try:
-            payload = build_request(self.model, messages, max_tokens, temperature, tools=tools)
+            return build_request(
+                self.model, messages, max_tokens, temperature, stream=stream, tools=tools
+            )
         except ProviderRejected as exc:
             raise ProviderRejected(f"{self.provider}: {exc}") from exc
-        return await self._call(payload)
 
     async def _call(self, payload: Mapping[str, Any]) -> Completion:
         body = await post_json(
@@ -361,7 +429,7 @@ class AnthropicWorker(HttpWorker):
     async def stream(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> AsyncIterator[StreamEvent]:
-        payload = build_request(self.model, messages, max_tokens, temperature, stream=True)
+        payload = self._request(messages, max_tokens, temperature, stream=True)
         # stream_sse is an async generator (typed as an iterator); closing it at once hands the
         # connection back as soon as message_stop is read or the caller stops reading.
         source = cast(
