@@ -7,11 +7,16 @@ https://ai.google.dev/gemini-api/docs/troubleshooting. Streams follow ``alt=sse`
 ``data: {chunk}`` event per piece, no end marker, the last chunk carrying finishReason.
 Function calling follows https://ai.google.dev/gemini-api/docs/function-calling: ``tools`` of
 ``functionDeclarations``, ``toolConfig.functionCallingConfig``, ``functionCall`` parts in
-answers and ``functionResponse`` parts in requests.
+answers and ``functionResponse`` parts in requests. Images follow
+https://ai.google.dev/gemini-api/docs/image-understanding (``inlineData`` of PNG, JPEG, WEBP,
+HEIC or HEIF as base64) and https://ai.google.dev/gemini-api/docs/file-input-methods
+(``fileData`` naming an https URL Gemini fetches: PNG, JPEG, WEBP or BMP, not for Gemini 2.0).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import itertools
 import json
 import math
@@ -26,6 +31,10 @@ _ROUTE = re.compile(
     r"^/v1beta/models/(?P<model>[^/:]+):(?P<method>generateContent|streamGenerateContent)$"
 )
 _ids = itertools.count(1)
+INLINE_IMAGE_TYPES = frozenset(
+    {"image/png", "image/jpeg", "image/webp", "image/heic", "image/heif"}
+)
+FETCHED_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/bmp"})
 
 
 def count_tokens(text: str) -> int:
@@ -175,9 +184,9 @@ def called(*calls: Mapping[str, Any], text: str | None = None, **fields: Any) ->
     return ScriptedResponse(json=response_body(text, calls=calls, **fields))
 
 
-def request_problem(body: dict[str, Any]) -> str | None:
-    """What Google's 400 INVALID_ARGUMENT would say of a request's function-calling fields;
-    None when they are well formed."""
+def request_problem(body: dict[str, Any], model: str = "") -> str | None:
+    """What Google's 400 INVALID_ARGUMENT would say of a request's function-calling fields or
+    image parts (``model`` is the one called); None when they are well formed."""
     declared = [d for tool in body.get("tools", []) for d in tool.get("functionDeclarations", [])]
     for i, declaration in enumerate(declared):
         if not isinstance(declaration.get("name"), str):
@@ -193,7 +202,7 @@ def request_problem(body: dict[str, Any]) -> str | None:
     names = {d["name"] for d in declared}
     if allowed is not None and not set(allowed) <= names:
         return f"allowed_function_names names undeclared functions: {sorted(set(allowed) - names)}"
-    return _parts_problem(body["contents"])
+    return _parts_problem(body["contents"]) or _images_problem(body["contents"], model)
 
 
 def _parts_problem(contents: list[Any]) -> str | None:
@@ -220,6 +229,43 @@ def _parts_problem(contents: list[Any]) -> str | None:
     return None
 
 
+def _images_problem(contents: list[Any], model: str) -> str | None:
+    """Image parts Gemini refuses: inline data of a type it does not read or not base64, a file
+    URI that is not https, or a fetched image of a type it does not fetch (or for a 2.0 model)."""
+    for i, content in enumerate(contents):
+        for j, part in enumerate(content.get("parts", [])):
+            where = f"contents[{i}].parts[{j}]"
+            if "inlineData" in part:
+                inline = part["inlineData"]
+                if inline.get("mimeType") not in INLINE_IMAGE_TYPES:
+                    return f"* {where}.inline_data: Unsupported MIME type: {inline.get('mimeType')}"
+                if not _is_base64(inline.get("data")):
+                    return f"Invalid value at '{where}.inline_data.data': Base64 decoding failed"
+            if "fileData" in part:
+                problem = _file_problem(part["fileData"], model)
+                if problem is not None:
+                    return f"* {where}.file_data: {problem}"
+    return None
+
+
+def _is_base64(data: Any) -> bool:
+    try:
+        return isinstance(data, str) and bool(base64.b64decode(data, validate=True))
+    except (binascii.Error, ValueError):
+        return False
+
+
+def _file_problem(file: dict[str, Any], model: str) -> str | None:
+    uri, mime_type = file.get("fileUri"), file.get("mimeType")
+    if not isinstance(uri, str) or not uri.startswith("https://"):
+        return f"Unsupported file uri: {uri}"
+    if model.startswith("gemini-2.0"):
+        return "External URLs are not supported for this model"
+    if mime_type not in FETCHED_IMAGE_TYPES:
+        return f"Unsupported MIME type for a URL: {mime_type}"
+    return None
+
+
 def content_text(content: Any) -> str:
     """The text of a request's Content object; "" for anything else."""
     parts = content.get("parts") if isinstance(content, dict) else None
@@ -234,8 +280,8 @@ class FakeGeminiServer(ScriptedServer):
 
     Requests are checked as Google checks them: a missing ``x-goog-api-key`` is 403
     PERMISSION_DENIED, a body without a ``contents`` list or with ill-formed function-calling
-    fields 400 INVALID_ARGUMENT, an unknown route 404 NOT_FOUND. Usage counts about four
-    characters a token plus four per content. With ``functionCallingConfig.mode`` ANY the
+    fields or image parts 400 INVALID_ARGUMENT, an unknown route 404 NOT_FOUND. Usage counts
+    about four characters a token plus four per content. With ``functionCallingConfig.mode`` ANY the
     answer is a call, without arguments, to the first function allowed. ``latency_s`` delays
     every default answer.
     """
@@ -265,7 +311,7 @@ class FakeGeminiServer(ScriptedServer):
         body = request.json
         if not isinstance(body, dict) or not isinstance(body.get("contents"), list):
             return error(400, "INVALID_ARGUMENT", "* GenerateContentRequest.contents: required")
-        problem = request_problem(body)
+        problem = request_problem(body, route["model"])
         if problem is not None:
             return error(400, "INVALID_ARGUMENT", problem)
         contents: list[Any] = body["contents"]

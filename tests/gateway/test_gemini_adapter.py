@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conductor.chat import ChatMessage, Completion, ToolCall, ToolSpec, ToolUse
+from conductor.chat import ChatMessage, Completion, ImagePart, ToolCall, ToolSpec, ToolUse
 from conductor.errors import (
     ConfigurationError,
     MalformedResponse,
@@ -808,3 +808,190 @@ async def test_a_malformed_function_call_is_a_malformed_response(
 
 def test_the_worker_takes_tools(worker: GeminiWorker) -> None:
     assert isinstance(worker, ToolCallingWorker)  # the gateway sends tools to such workers
+
+
+# -- images -----------------------------------------------------------------------------------
+
+PIXEL = (  # a 1x1 PNG
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+PNG = ImagePart(url=f"data:image/png;base64,{PIXEL}")
+INLINE_PNG = {"inlineData": {"mimeType": "image/png", "data": PIXEL}}
+
+
+def showing(text: str, *images: ImagePart) -> ChatMessage:
+    return ChatMessage(role="user", content=text, images=images)
+
+
+@pytest.mark.parametrize(
+    ("media_type", "sent_as"),
+    [("image/png", "image/png"), ("image/JPG", "image/jpeg"), ("image/heic", "image/heic")],
+)
+async def test_a_data_url_goes_as_inline_data_before_its_text(
+    fake: FakeGeminiServer, worker: GeminiWorker, media_type: str, sent_as: str
+) -> None:
+    # Given a user turn showing one image as a data URL (its type in any case, jpg for JPEG)
+    image = ImagePart(url=f"data:{media_type};base64,{PIXEL}", detail="high")
+
+    # When the worker is called with it
+    answer = await call(worker, [showing("What is this?", image)])
+
+    # Then the image goes as inlineData, before the text (Gemini's tip for one image with
+    # text), its type as Gemini names it; OpenAI's detail has no Gemini twin and is not sent
+    assert fake.last_request.json["contents"] == [
+        {
+            "role": "user",
+            "parts": [
+                {"inlineData": {"mimeType": sent_as, "data": PIXEL}},
+                {"text": "What is this?"},
+            ],
+        }
+    ]
+    assert answer.text == "echo: What is this?"
+
+
+async def test_several_images_follow_the_text_and_an_https_url_goes_as_file_data_streamed(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    # Given a turn asking about two images, one inline, one at a pre-signed https URL
+    signed = ImagePart(url="https://bucket.example/shots/b.JPEG?X-Amz-Signature=abc")
+    messages = [*QUESTION[:1], showing("What differs?", PNG, signed)]
+
+    # When the answer is streamed
+    answer = await collect_stream(
+        worker.stream(messages, max_tokens=64, temperature=0.5), worker.provider
+    )
+
+    # Then the text leads (as in Gemini's multi-image example) and the URL goes as fileData,
+    # for Gemini to fetch, typed by its extension (fileData needs a mimeType)
+    sent = fake.last_request
+    assert sent.path.endswith(":streamGenerateContent")
+    assert sent.json["contents"] == [
+        {
+            "role": "user",
+            "parts": [
+                {"text": "What differs?"},
+                INLINE_PNG,
+                {"fileData": {"mimeType": "image/jpeg", "fileUri": signed.url}},
+            ],
+        }
+    ]
+    assert answer.text == "echo: What differs?"
+
+
+async def test_images_after_tool_results_join_their_user_turn_behind_the_results(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    # Given a history where a function's result came back, then the user showed a photo with
+    # a question, then another photo without a word
+    messages = [
+        showing("Weather in Paris?"),
+        asked(ToolCall(id="call_a", name="get_weather", arguments=PARIS)),
+        result("call_a", "18 C"),
+        showing("Does this photo match?", PNG),
+        showing("", ImagePart(url="https://example.com/sky.webp")),
+    ]
+
+    # When the worker is called with tools
+    await call_with_tools(worker, messages)
+
+    # Then the result keeps its place at the head of the one "user" turn, each image comes
+    # before its text, and an image shown alone sends no empty text
+    assert fake.last_request.json["contents"][-1] == {
+        "role": "user",
+        "parts": [
+            {"functionResponse": {"name": "get_weather", "response": {"output": "18 C"}}},
+            INLINE_PNG,
+            {"text": "Does this photo match?"},
+            {"fileData": {"mimeType": "image/webp", "fileUri": "https://example.com/sky.webp"}},
+        ],
+    }
+
+
+async def call_by(how: str, worker: GeminiWorker, messages: list[ChatMessage]) -> Completion:
+    if how == "stream":
+        stream = worker.stream(messages, max_tokens=64, temperature=0.5)
+        return await collect_stream(stream, worker.provider)
+    return await (call_with_tools(worker, messages) if how == "tools" else call(worker, messages))
+
+
+@pytest.mark.parametrize("how", ["complete", "stream", "tools"])
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("data:image/gif;base64,R0lGODlhAQABAAAAACw=", "is image/gif: Gemini takes PNG, JPEG"),
+        ("data:image/svg+xml;base64,PHN2Zy8+", r"is image/svg\+xml: Gemini takes PNG"),
+        ("data:image/png,rawbytes", "is not a base64 data URL"),
+        ("http://example.com/cat.png", "is not an https URL: Gemini fetches images only over"),
+        ("https://example.com/cat?id=7", "type cannot be told from its URL's extension"),
+        ("https://example.com/cat.gif", "links to image/gif: Gemini fetches PNG, JPEG, WEBP or"),
+        ("https://example.com/cat.heic", "links to image/heic"),  # inline only
+    ],
+)
+async def test_an_image_gemini_would_refuse_fails_before_anything_is_sent(
+    fake: FakeGeminiServer, worker: GeminiWorker, how: str, url: str, says: str
+) -> None:
+    # Given a user turn showing an image Gemini does not take that way
+    messages = [*QUESTION, showing("And this?", PNG, ImagePart(url=url))]
+
+    # When the worker is called, streamed or offered tools
+    with pytest.raises(ProviderRejected, match=says) as caught:
+        await call_by(how, worker, messages)
+
+    # Then the error names the worker and the image, is not retried, and nothing was sent
+    assert str(caught.value).startswith("worker 'gemini': messages[2].images[1]")
+    assert not caught.value.retryable
+    assert caught.value.status_code is None
+    assert fake.requests == []
+
+
+async def test_a_gemini_2_0_model_is_sent_images_inline_only(
+    fake: FakeGeminiServer, make_worker: Factory
+) -> None:
+    # Given a Gemini 2.0 model, which fetches no external URLs
+    worker = make_worker(model="models/gemini-2.0-flash")
+
+    # When it is shown an image by URL, then one inline
+    with pytest.raises(
+        ProviderRejected, match=r"messages\[0\]\.images\[0\] is a URL, which Gemini 2\.0"
+    ):
+        await call(worker, [showing("What is this?", ImagePart(url="https://example.com/a.png"))])
+    await call(worker, [showing("What is this?", PNG)])
+
+    # Then only the inline one was sent
+    assert [r.json["contents"][0]["parts"][0] for r in fake.requests] == [INLINE_PNG]
+
+
+@pytest.mark.parametrize(
+    ("model", "part", "says"),
+    [
+        ("gemini-2.5-flash", {"inlineData": {"mimeType": "image/gif", "data": PIXEL}}, "MIME"),
+        ("gemini-2.5-flash", {"inlineData": {"mimeType": "image/png", "data": "no!"}}, "Base64"),
+        ("gemini-2.5-flash", {"fileData": {"fileUri": "http://example.com/a.png"}}, "file uri"),
+        ("gemini-2.5-flash", {"fileData": {"fileUri": "https://example.com/a"}}, "MIME type"),
+        (
+            "gemini-2.0-flash",
+            {"fileData": {"mimeType": "image/png", "fileUri": "https://example.com/a.png"}},
+            "not supported for this model",
+        ),
+    ],
+)
+async def test_the_fake_refuses_image_parts_google_refuses(
+    fake: FakeGeminiServer, model: str, part: dict[str, Any], says: str
+) -> None:
+    # Given an image part Gemini refuses, sent past the adapter's own checks
+    body = {"contents": [{"role": "user", "parts": [part, {"text": "What is this?"}]}]}
+
+    # When it reaches the fake
+    async with httpx.AsyncClient() as client:
+        response = await client.post(
+            f"{fake.base_url}/v1beta/models/{model}:generateContent",
+            json=body,
+            headers={"x-goog-api-key": KEY},
+        )
+
+    # Then it is a 400 INVALID_ARGUMENT, as from Google, so adapter tests cannot pass on a
+    # request Google would refuse
+    assert response.status_code == 400
+    assert response.json()["error"]["status"] == "INVALID_ARGUMENT"
+    assert says in response.json()["error"]["message"]

@@ -18,6 +18,13 @@ the history is a ``functionCall`` part of a "model" turn; a result a ``functionR
 of a "user" turn, named by its function (Gemini matches results to calls by name and order,
 so no ids are sent). Not carried: Gemini 3's ``thoughtSignature`` on a call, which
 ``ToolCall`` has no room for (such models may refuse a history of calls without it).
+
+Images (https://ai.google.dev/gemini-api/docs/image-understanding and
+https://ai.google.dev/gemini-api/docs/file-input-methods): a user turn's data URL goes as an
+``inlineData`` part; an https URL as a ``fileData`` part that Gemini fetches itself (public or
+pre-signed URLs, not for Gemini 2.0 models), its ``mimeType`` told by the URL's extension. What
+Gemini would refuse (another image type, a plain http URL, a URL whose type cannot be told) is
+refused before sending, as ProviderRejected: every try would fail the same way.
 """
 
 from __future__ import annotations
@@ -25,13 +32,15 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from httpx_sse import ServerSentEvent
 from pydantic import ValidationError
 
-from conductor.chat import ChatMessage, Completion, ToolCall, ToolSpec, ToolUse, Usage
+from conductor.chat import ChatMessage, Completion, ImagePart, ToolCall, ToolSpec, ToolUse, Usage
 from conductor.errors import (
     MalformedResponse,
     ProviderRejected,
@@ -65,6 +74,29 @@ RETRYABLE_STATUSES = frozenset({"UNAVAILABLE", "INTERNAL", "DEADLINE_EXCEEDED"})
 # tool_choice as functionCallingConfig.mode; a tool's name is ANY limited to that tool.
 CALLING_MODES = {"auto": "AUTO", "required": "ANY", "none": "NONE"}
 TOOL_CALLS = "tool_calls"  # the finish reason of an answer of calls, as OpenAI names it
+# The image types Gemini reads inline (image-understanding, "Supported image formats") and those
+# it fetches from a URL (file-input-methods, "Supported content types"): the lists differ.
+INLINE_IMAGE_TYPES = frozenset(
+    {"image/png", "image/jpeg", "image/webp", "image/heic", "image/heif"}
+)
+FETCHED_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/bmp"})
+# A URL's image type by its extension (fileData needs a mimeType); types Gemini refuses are
+# listed too, so that the error can name them.
+IMAGE_EXTENSIONS = {
+    ".png": "image/png",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".webp": "image/webp",
+    ".bmp": "image/bmp",
+    ".heic": "image/heic",
+    ".heif": "image/heif",
+    ".gif": "image/gif",
+    ".svg": "image/svg+xml",
+    ".avif": "image/avif",
+    ".tif": "image/tiff",
+    ".tiff": "image/tiff",
+}
+MEDIA_TYPE_ALIASES = {"image/jpg": "image/jpeg"}  # a common misspelling of JPEG's type
 
 
 def build_request(
@@ -72,15 +104,18 @@ def build_request(
     max_tokens: int,
     temperature: float,
     tools: ToolUse | None = None,
+    *,
+    fetches_urls: bool = True,
 ) -> dict[str, Any]:
     """The JSON body of ``generateContent``: system text apart, assistant turns as "model".
 
     A history with tool calls and results is valid without ``tools`` (a client may stop
-    offering them); one whose calls or results Gemini cannot take is ProviderRejected.
+    offering them); one whose calls, results or images Gemini cannot take is ProviderRejected.
+    ``fetches_urls``: whether the model fetches images from URLs (Gemini 2.0 models do not).
     """
     system = [m.content for m in messages if m.role == "system"]
     payload: dict[str, Any] = {
-        "contents": wire_contents(messages),
+        "contents": wire_contents(messages, fetches_urls=fetches_urls),
         "generationConfig": {"maxOutputTokens": max_tokens, "temperature": temperature},
     }
     if system:
@@ -113,7 +148,9 @@ def _declaration(tool: ToolSpec) -> dict[str, Any]:
     return declaration
 
 
-def wire_contents(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+def wire_contents(
+    messages: Sequence[ChatMessage], *, fetches_urls: bool = True
+) -> list[dict[str, Any]]:
     """The turns other than system ones as Gemini contents.
 
     Consecutive turns of one role are merged, since Gemini expects the roles to alternate:
@@ -130,7 +167,7 @@ def wire_contents(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         elif message.role == "tool":
             role, parts = "user", [_function_response(message, index, names)]
         else:
-            role, parts = "user", [{"text": message.content}]
+            role, parts = "user", _user_parts(message, index, fetches_urls)
         _append(contents, role, parts)
     return contents
 
@@ -148,6 +185,76 @@ def _append(contents: list[dict[str, Any]], role: str, parts: list[dict[str, Any
 
 def _is_text(part: dict[str, Any]) -> bool:
     return part.keys() == {"text"}
+
+
+def _user_parts(message: ChatMessage, index: int, fetches_urls: bool) -> list[dict[str, Any]]:
+    """A user turn: its text (none when it only shows images) and its images.
+
+    Order: Gemini's tip for one image with text is the text after the image part
+    (image-understanding, "Tips and best practices"); for several it gives none, and its
+    multi-image example asks first, so there the text leads, as ChatMessage holds it.
+    """
+    images = [
+        _image_part(image, f"messages[{index}].images[{n}]", fetches_urls)
+        for n, image in enumerate(message.images)
+    ]
+    text = [{"text": message.content}] if message.content or not images else []
+    return [*images, *text] if len(images) == 1 else [*text, *images]
+
+
+def _image_part(image: ImagePart, where: str, fetches_urls: bool) -> dict[str, Any]:
+    """An image as an inlineData part (a data URL) or a fileData part (an https URL)."""
+    inline = image.inline
+    if inline is None:
+        media_type = _fetched_type(image.url, where, fetches_urls)
+        return {"fileData": {"mimeType": media_type, "fileUri": image.url}}
+    media_type, data = inline
+    if not image.url.partition(",")[0].endswith(";base64") or not data:
+        raise ProviderRejected(f"{where} is not a base64 data URL: Gemini takes images as base64")
+    media_type = _media_type(media_type)
+    if media_type not in INLINE_IMAGE_TYPES:
+        raise ProviderRejected(
+            f"{where} is {media_type}: Gemini takes PNG, JPEG, WEBP, HEIC or HEIF images"
+        )
+    return {"inlineData": {"mimeType": media_type, "data": data}}
+
+
+def _fetched_type(url: str, where: str, fetches_urls: bool) -> str:
+    """The media type of an image Gemini is to fetch from ``url``, told by its extension."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "https":
+        raise ProviderRejected(
+            f"{where} is not an https URL: Gemini fetches images only over https; send the "
+            "image inline as a data URL"
+        )
+    if not fetches_urls:
+        raise ProviderRejected(
+            f"{where} is a URL, which Gemini 2.0 models do not fetch: send the image inline "
+            "as a data URL"
+        )
+    media_type = IMAGE_EXTENSIONS.get(PurePosixPath(parts.path).suffix.lower())
+    if media_type is None:
+        raise ProviderRejected(
+            f"{where}: the image's type cannot be told from its URL's extension, and Gemini "
+            "must be told it: send the image inline as a data URL"
+        )
+    if media_type not in FETCHED_IMAGE_TYPES:
+        raise ProviderRejected(
+            f"{where} links to {media_type}: Gemini fetches PNG, JPEG, WEBP or BMP images"
+        )
+    return media_type
+
+
+def _media_type(raw: str) -> str:
+    """A data URL's media type as Gemini names it: media types are case-insensitive."""
+    media_type = raw.strip().lower()
+    return MEDIA_TYPE_ALIASES.get(media_type, media_type)
+
+
+def _fetches_urls(model: str) -> bool:
+    """Whether ``model`` fetches files from external URLs: Gemini 2.0 models do not
+    (file-input-methods, "External HTTP / Signed URLs")."""
+    return not model.removeprefix("models/").startswith("gemini-2.0")
 
 
 def _model_parts(message: ChatMessage, index: int, names: dict[str, str]) -> list[dict[str, Any]]:
@@ -464,7 +571,9 @@ class GeminiWorker(HttpWorker):
         """The request body; a history Gemini cannot take is refused naming this worker, with
         no HTTP status: nothing was sent."""
         try:
-            return build_request(messages, max_tokens, temperature, tools)
+            return build_request(
+                messages, max_tokens, temperature, tools, fetches_urls=_fetches_urls(self.model)
+            )
         except ProviderRejected as exc:
             raise ProviderRejected(f"{self.provider}: {exc}") from exc
 
