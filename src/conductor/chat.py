@@ -63,6 +63,16 @@ class ToolSpec(BaseModel):
     strict: bool | None = None
 
 
+class Sampling(BaseModel):
+    """A direct call's own settings: at most ``max_tokens`` (never more than the pool file
+    gives the worker: the operator's ceiling), ``temperature`` instead of the worker's."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
+
+
 class ToolUse(BaseModel):
     """The tools a client offers a call and how the model may use them: ``choice`` is "auto",
     "none", "required", or a tool's name (that tool must be called)."""

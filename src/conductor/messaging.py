@@ -13,7 +13,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from conductor.chat import ChatMessage, ToolUse
+from conductor.chat import ChatMessage, Sampling, ToolUse
 from conductor.pool import WorkerSpec
 from conductor.ports import StepCallResult
 from conductor.workflow import AttemptRecord
@@ -67,6 +67,8 @@ class CallRequest(BaseModel):
     tenant: str | None = Field(default=None, max_length=200)
     # Functions the worker may ask the client to call (a direct call's tools); None: none.
     tools: ToolUse | None = None
+    # A direct call's own max_tokens (within the worker's) and temperature; None: the worker's.
+    sampling: Sampling | None = None
     # When the caller stops waiting (timezone-aware): a gateway does not start the call after
     # it and abandons the call at it, retries and quota waits included. This is what bounds
     # the longest call a gateway holds, and so the grace period a stopping gateway needs.

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from conductor.chat import ChatMessage, Completion, ToolCall, ToolUse, Usage
+from conductor.chat import ChatMessage, Completion, Sampling, ToolCall, ToolUse, Usage
 from conductor.streaming import StreamEvent
 from conductor.workflow import AttemptRecord, Plan, PlanOutcome, PoolEntry, WorkflowRecord
 
@@ -96,11 +96,13 @@ class StepRunner(Protocol):
         allowed_workers: Collection[str] | None = None,
         tenant: str | None = None,
         tools: ToolUse | None = None,
+        sampling: Sampling | None = None,
     ) -> StepCallResult:
         """``allowed_workers``: every worker the call may reach, fallbacks included (a
         workflow's pool, an API key's pool); None: any worker of the pool. ``tenant``: whose
         call it is, for its fair turn among calls waiting on a worker's quotas. ``tools``:
-        functions the worker may ask to call (only workers whose wire format has them)."""
+        functions the worker may ask to call (only workers whose wire format has them).
+        ``sampling``: a direct call's own max_tokens and temperature (None: the worker's)."""
         ...
 
     async def aclose(self) -> None: ...

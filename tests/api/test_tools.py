@@ -302,3 +302,38 @@ def test_the_agents_sdk_runs_a_function_tool_through_a_worker(api: Api) -> None:
     assert result.final_output == "alpha read the tool's result: 18 C and sunny in Paris"
     offered = api.workers["alpha"].tools_offered[-1]
     assert [tool.name for tool in offered.tools] == ["get_weather"]
+
+
+# -- a direct call's own max_tokens and temperature -------------------------------------------
+
+
+def test_a_direct_call_takes_its_max_tokens_within_the_pool_files_and_its_temperature(
+    api: Api, request: pytest.FixtureRequest
+) -> None:
+    client = api.client()
+    request.addfinalizer(client.close)
+    alpha = api.workers["alpha"]
+
+    # When alpha is asked with a bound below its answer, then one above the pool file's
+    cut = client.chat.completions.create(
+        model="alpha",
+        messages=QUESTION,  # type: ignore[arg-type]
+        max_completion_tokens=2,
+        temperature=0.9,
+    )
+    cut_call = alpha.calls[-1]
+    whole = client.chat.completions.create(model="alpha", messages=QUESTION, max_tokens=5000)  # type: ignore[arg-type]
+    whole_call = alpha.calls[-1]
+    response = client.responses.create(model="alpha", input="Hi", max_output_tokens=3)
+    text = client.completions.create(model="alpha", prompt="Hi", max_tokens=1, temperature=0)
+
+    # Then the worker got each bound (the pool file's 1024 at most) and temperature, and a cut
+    # answer says so
+    assert (cut_call.max_tokens, cut_call.temperature) == (2, 0.9)
+    assert cut.choices[0].message.content == "alpha answers"
+    assert cut.choices[0].finish_reason == "length"
+    assert (whole_call.max_tokens, whole_call.temperature) == (1024, 0.2)
+    assert whole.choices[0].finish_reason == "stop"
+    assert response.output_text == "alpha answers 1"
+    assert text.choices[0].finish_reason == "length"
+    assert (alpha.calls[-1].max_tokens, alpha.calls[-1].temperature) == (1, 0.0)

@@ -26,6 +26,8 @@ from conductor_gateway.retry import RetryPolicy
 class Call:
     messages: list[ChatMessage]
     started: float
+    max_tokens: int = 0
+    temperature: float = 0.0
     finished: float = 0.0
     cancelled: float = 0.0  # perf_counter() when the call was cancelled (its caller gave up)
 
@@ -47,7 +49,12 @@ class ScriptedWorker:
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> Completion:
-        call = Call(messages=list(messages), started=time.perf_counter())
+        call = Call(
+            messages=list(messages),
+            started=time.perf_counter(),
+            max_tokens=max_tokens,
+            temperature=temperature,
+        )
         self.calls.append(call)
         try:
             await asyncio.sleep(self.delay_s)
@@ -61,11 +68,15 @@ class ScriptedWorker:
         text = (
             self.answer(call.messages) if self.answer else f"{self.name}-answer-{len(self.calls)}"
         )
+        words, finish = text.split(), "stop"
+        if len(words) > max_tokens:  # a word a token: cut at the bound, as a model is
+            text, finish = " ".join(words[:max_tokens]), "length"
         prompt_tokens = sum(len(m.content.split()) for m in messages)
         return Completion(
             text=text,
             usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=len(text.split())),
             model=self.name,
+            finish_reason=finish,
         )
 
     async def complete_with_tools(

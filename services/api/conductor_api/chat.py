@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from conductor.answer_format import AnswerFormat, AnswerFormatError
-from conductor.chat import ChatMessage, ToolCall, ToolUse, Usage
+from conductor.chat import ChatMessage, Sampling, ToolCall, ToolUse, Usage
 from conductor.errors import StepCallFailed
 from conductor.ports import StepCallResult
 from conductor.workflow import AttemptRecord, attempts_total
@@ -137,6 +137,7 @@ def _completion(
     usage: dict[str, Any],
     extra: Any,
     tool_calls: list[ToolCall] | None = None,
+    finish: str = "stop",
 ) -> JSONResponse:
     """A ``chat.completion`` object. Its values are JSON already, so it is sent as it is rather
     than through FastAPI's encoder, which walks every value again (a cost per request)."""
@@ -152,7 +153,7 @@ def _completion(
             {
                 "index": 0,
                 "message": message,
-                "finish_reason": "tool_calls" if tool_calls else "stop",
+                "finish_reason": finish,
                 "logprobs": None,
             }
         ],
@@ -542,7 +543,8 @@ async def _passthrough(
     check_passthrough(service, caller, body.model, body.conductor)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     messages = worker_messages(body.messages)
-    call = worker_call(service, caller, body.model, messages, answer_format, tools)
+    sampling = sampling_of(body.max_completion_tokens or body.max_tokens, body.temperature)
+    call = worker_call(service, caller, body.model, messages, answer_format, tools, sampling)
 
     if body.stream:
         chunks = _Chunks(completion_id, body.model, created)
@@ -558,7 +560,26 @@ async def _passthrough(
         usage,
         passthrough_field(result),
         result.tool_calls,
+        finish_reason(result),
     )
+
+
+# How each vendor says an answer was cut at its token bound.
+CUT_SHORT = frozenset({"length", "max_tokens", "MAX_TOKENS"})
+
+
+def finish_reason(result: StepCallResult) -> str:
+    """A direct call's finish_reason as OpenAI's clients read it: calls, cut short, or done."""
+    if result.tool_calls:
+        return "tool_calls"
+    return "length" if result.finish_reason in CUT_SHORT else "stop"
+
+
+def sampling_of(max_tokens: int | None, temperature: float | None) -> Sampling | None:
+    """A direct call's own settings, if the request sets any."""
+    if max_tokens is None and temperature is None:
+        return None
+    return Sampling(max_tokens=max_tokens, temperature=temperature)
 
 
 def worker_call(
@@ -568,6 +589,7 @@ def worker_call(
     messages: list[ChatMessage],
     answer_format: AnswerFormat | None,
     tools: ToolUse | None = None,
+    sampling: Sampling | None = None,
 ) -> Call:
     """The call to one worker, made when awaited (inside the stream, if streaming): told the
     answer's form, if one is asked for, and its answer made to conform or failed (an answer
@@ -583,6 +605,7 @@ def worker_call(
                 allowed_workers=caller.allowed_pool,
                 tenant=caller.tenant,
                 tools=tools,
+                sampling=sampling,
             )
         except StepCallFailed as exc:
             await _count_spend(service, caller, worker, exc.attempts)
@@ -649,8 +672,7 @@ async def _passthrough_stream(
     if result.tool_calls:
         calls = chat_tool_calls_out(result.tool_calls)
         yield chunks.delta({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
-    finish = "tool_calls" if result.tool_calls else "stop"
-    yield chunks.delta({}, finish=finish, conductor=passthrough_field(result))
+    yield chunks.delta({}, finish=finish_reason(result), conductor=passthrough_field(result))
     if include_usage:
         yield chunks.usage(openai_usage(result.usage))
     yield DONE

@@ -126,6 +126,8 @@ async def completions(
         n=1,
         conductor=body.conductor,
         metadata=body.metadata,
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
     )
     try:
         answer: Response = await chat_completions(chat, request, caller)

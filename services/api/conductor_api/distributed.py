@@ -23,7 +23,7 @@ from celery import Celery
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 from sqlalchemy import Engine, text
 
-from conductor.chat import ChatMessage, ToolUse
+from conductor.chat import ChatMessage, Sampling, ToolUse
 from conductor.machine import FINAL_EVENT_KINDS
 from conductor.messaging import AGGREGATOR_QUEUE, CANCEL_WORKFLOW_TASK
 from conductor.pool import Pool
@@ -96,9 +96,15 @@ class DistributedWorkflows(WorkflowService):
         allowed_workers: Collection[str] | None = None,
         tenant: str | None = None,
         tools: ToolUse | None = None,
+        sampling: Sampling | None = None,
     ) -> StepCallResult:
         return await self.runner.call(
-            worker, messages, allowed_workers=allowed_workers, tenant=tenant, tools=tools
+            worker,
+            messages,
+            allowed_workers=allowed_workers,
+            tenant=tenant,
+            tools=tools,
+            sampling=sampling,
         )
 
     def poll_interval_s(self, workflow_id: uuid.UUID) -> float:

@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 import httpx
 from sqlalchemy import Connection, text
 
-from conductor.chat import ChatMessage, ToolUse
+from conductor.chat import ChatMessage, Sampling, ToolUse
 from conductor.errors import ConfigurationError, DatabaseUnavailableError
 from conductor.executor import WorkflowExecutor
 from conductor.machine import Cancelled, utcnow
@@ -170,9 +170,15 @@ class EmbeddedWorkflows(WorkflowService):
         allowed_workers: Collection[str] | None = None,
         tenant: str | None = None,
         tools: ToolUse | None = None,
+        sampling: Sampling | None = None,
     ) -> StepCallResult:
         return await self.gateway.call(
-            worker, messages, allowed_workers=allowed_workers, tenant=tenant, tools=tools
+            worker,
+            messages,
+            allowed_workers=allowed_workers,
+            tenant=tenant,
+            tools=tools,
+            sampling=sampling,
         )
 
     async def readiness(self) -> dict[str, str]:

@@ -48,6 +48,7 @@ from conductor_api.chat import (
     check_tools,
     completed_workflow,
     passthrough_field,
+    sampling_of,
     submit_workflow,
     unknown_model,
     worker_call,
@@ -337,7 +338,8 @@ async def _passthrough(
         worker_input = worker_messages(messages)
     except ApiError as error:  # the calls and outputs were checked as items: a broken pairing
         raise invalid("input", error.message) from None
-    call = worker_call(service, caller, body.model, worker_input, answer_format, tools)
+    sampling = sampling_of(body.max_output_tokens, body.temperature)
+    call = worker_call(service, caller, body.model, worker_input, answer_format, tools, sampling)
 
     if body.stream:
         stream = _passthrough_stream(service, metrics, stored, call)

@@ -110,14 +110,16 @@ class ResponseCreateRequest(BaseModel):
         default=None,
         ge=1,
         strict=True,
-        description="Echoed; does not bound the workflow (each worker's is in the pool file).",
+        description="Bounds a worker called directly (within the pool file's bound); a "
+        "workflow's steps keep the pool file's.",
     )
     metadata: dict[Name, LabelValue] | None = Field(
         default=None, max_length=MAX_LABELS, description="Labels, kept with the workflow."
     )
     conductor: ConductorOptions | None = None
-    # Sent by the SDKs; accepted, echoed, no effect on the answer (as in chat completions).
+    # A worker called directly takes it instead of its own (as in chat completions).
     temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
+    # Sent by the SDKs; accepted, echoed, no effect on the answer.
     top_p: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
     user: str | None = Field(default=None, max_length=512)
     safety_identifier: str | None = Field(default=None, max_length=512)
@@ -257,8 +259,8 @@ class ResponseDeleted(BaseModel):
 
 class CompletionRequest(BaseModel):
     """The legacy OpenAI completion request, answered as a chat completion of one user message
-    (the prompt). Sampling fields (temperature, max_tokens, stop, ...) are accepted and ignored,
-    as in chat completions: each worker's settings come from the pool file."""
+    (the prompt). ``max_tokens`` and ``temperature`` work as in chat completions; other
+    sampling fields (stop, top_p, ...) are accepted and have no effect."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -276,12 +278,14 @@ class CompletionRequest(BaseModel):
     logprobs: int | None = Field(default=None, description="Only null.")
     conductor: ConductorOptions | None = None
     metadata: dict[Name, LabelValue] | None = Field(default=None, max_length=MAX_LABELS)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
+    temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
 
 
 class CompletionChoiceText(BaseModel):
     index: int
     text: str
-    finish_reason: Literal["stop"] | None
+    finish_reason: Literal["stop", "length"] | None
     logprobs: None = None
 
 

@@ -148,8 +148,10 @@ class StreamOptions(BaseModel):
 
 
 class ChatCompletionRequest(BaseModel):
-    """The OpenAI chat completion request. Sampling fields (temperature, max_tokens, ...) are
-    accepted and ignored: each worker's settings come from the pool file."""
+    """The OpenAI chat completion request. For a worker called directly, ``max_tokens`` (or
+    ``max_completion_tokens``) bounds its answer within the pool file's bound, and
+    ``temperature`` replaces its own; a workflow's steps keep the pool file's settings. Other
+    sampling fields (top_p, stop, ...) are accepted and have no effect."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -175,6 +177,9 @@ class ChatCompletionRequest(BaseModel):
         default=None, description='"auto", "none", "required" or one function.'
     )
     parallel_tool_calls: bool | None = Field(default=None, strict=True)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
+    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
+    temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
 
 
 class WorkflowSubmission(BaseModel):
@@ -345,7 +350,7 @@ class AssistantMessage(BaseModel):
 class CompletionChoice(BaseModel):
     index: int
     message: AssistantMessage
-    finish_reason: Literal["stop", "tool_calls"]
+    finish_reason: Literal["stop", "length", "tool_calls"]
     logprobs: None = None
 
 

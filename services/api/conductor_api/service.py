@@ -21,7 +21,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
 from conductor.answer_format import AnswerFormat
-from conductor.chat import ChatMessage, ToolUse
+from conductor.chat import ChatMessage, Sampling, ToolUse
 from conductor.errors import InvalidRequest
 from conductor.machine import FINAL_EVENT_KINDS
 from conductor.orchestration import check_no_nul, check_question
@@ -221,11 +221,12 @@ class WorkflowService(ABC):
         allowed_workers: Collection[str] | None = None,
         tenant: str | None = None,
         tools: ToolUse | None = None,
+        sampling: Sampling | None = None,
     ) -> StepCallResult:
         """One call to one worker, with the gateway's retries, quotas and costs; its fallbacks
         only among ``allowed_workers`` (the caller's key's pool; None: any); ``tenant``'s
         fair turn among calls waiting on the worker's quotas; ``tools`` the functions it may
-        ask the client to call."""
+        ask the client to call; ``sampling`` the request's own max_tokens and temperature."""
 
     async def submit_once(self, request: SubmitRequest) -> tuple[uuid.UUID, str | None]:
         """Submit a request carrying an Idempotency-Key once: (its workflow, None) the first

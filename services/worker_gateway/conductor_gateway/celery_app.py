@@ -155,6 +155,7 @@ class GatewayProcess:
                     allowed_workers=request.allowed_workers,
                     tenant=request.tenant,
                     tools=request.tools,
+                    sampling=request.sampling,
                 )
             return CallReply(**base, ok=True, result=result, attempts=result.attempts)
         except TimeoutError:

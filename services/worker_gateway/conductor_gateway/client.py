@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 import redis.asyncio as aioredis
 from celery import Celery
 
-from conductor.chat import ChatMessage, ToolUse
+from conductor.chat import ChatMessage, Sampling, ToolUse
 from conductor.errors import StepCallFailed
 from conductor.messaging import CALL_WORKER_TASK, CallReply, CallRequest, queue_for
 from conductor.pool import Pool
@@ -59,6 +59,7 @@ class QueuedStepRunner:
         allowed_workers: Collection[str] | None = None,
         tenant: str | None = None,
         tools: ToolUse | None = None,
+        sampling: Sampling | None = None,
     ) -> StepCallResult:
         spec = self.pool.get(worker)
         request = CallRequest(
@@ -69,6 +70,7 @@ class QueuedStepRunner:
             allowed_workers=None if allowed_workers is None else sorted(allowed_workers),
             tenant=tenant,
             tools=tools,
+            sampling=sampling,
             # The gateway gives up when this caller does: no call outlives its waiter.
             expires_at=datetime.now(UTC) + timedelta(seconds=self.reply_timeout_s),
         )

@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from conductor.chat import ChatMessage, Completion, ToolUse
+from conductor.chat import ChatMessage, Completion, Sampling, ToolUse
 from conductor.errors import (
     ProviderAuthError,
     ProviderTimeout,
@@ -47,6 +47,15 @@ class _Call:
     messages: Sequence[ChatMessage]
     tenant: str | None
     tools: ToolUse | None
+    sampling: Sampling | None
+
+    def max_tokens(self, spec: WorkerSpec) -> int:
+        asked = self.sampling.max_tokens if self.sampling else None
+        return spec.max_tokens if asked is None else min(asked, spec.max_tokens)
+
+    def temperature(self, spec: WorkerSpec) -> float:
+        asked = self.sampling.temperature if self.sampling else None
+        return spec.temperature if asked is None else asked
 
 
 class WorkerGateway:
@@ -93,6 +102,7 @@ class WorkerGateway:
         allowed_workers: Collection[str] | None = None,
         tenant: str | None = None,
         tools: ToolUse | None = None,
+        sampling: Sampling | None = None,
     ) -> StepCallResult:
         spec = self.pool.get(worker)
         allowed = None if allowed_workers is None else frozenset(allowed_workers)
@@ -114,7 +124,7 @@ class WorkerGateway:
                 self.metrics.fallback(self.pool.get(name))
             try:
                 completion = await self._call_with_retries(
-                    self.pool.get(name), _Call(messages, tenant, tools), attempts
+                    self.pool.get(name), _Call(messages, tenant, tools, sampling), attempts
                 )
             except WorkerError as exc:
                 errors.append(f"{name}: {type(exc).__name__}: {exc}")
@@ -170,7 +180,7 @@ class WorkerGateway:
     ) -> Completion:
         """One provider call under the worker's quotas (taking the tenant's fair turn among the
         calls waiting); recorded whatever happens."""
-        estimate = estimate_tokens(call.messages, spec.max_tokens, call.tools)
+        estimate = estimate_tokens(call.messages, call.max_tokens(spec), call.tools)
         lease = await self.quotas.acquire(spec.name, spec.quotas, estimate, call.tenant)
         started_at, clock = datetime.now(UTC), time.perf_counter()
         record = AttemptRecord(
@@ -204,23 +214,19 @@ class WorkerGateway:
 
     async def _call_provider(self, spec: WorkerSpec, call: _Call) -> Completion:
         worker, messages = self.workers[spec.name], call.messages
+        max_tokens, temperature = call.max_tokens(spec), call.temperature(spec)
         try:
             async with asyncio.timeout(spec.timeout_s):
                 if call.tools is not None and isinstance(worker, ToolCallingWorker):
                     # Whole, not streamed: the calls come back as one answer to the client.
                     return await worker.complete_with_tools(
-                        messages,
-                        call.tools,
-                        max_tokens=spec.max_tokens,
-                        temperature=spec.temperature,
+                        messages, call.tools, max_tokens=max_tokens, temperature=temperature
                     )
                 if spec.stream:
-                    events = worker.stream(
-                        messages, max_tokens=spec.max_tokens, temperature=spec.temperature
-                    )
+                    events = worker.stream(messages, max_tokens=max_tokens, temperature=temperature)
                     return await collect_stream(events, f"worker {spec.name!r}")
                 return await worker.complete(
-                    messages, max_tokens=spec.max_tokens, temperature=spec.temperature
+                    messages, max_tokens=max_tokens, temperature=temperature
                 )
         except TimeoutError as exc:
             raise ProviderTimeout(
