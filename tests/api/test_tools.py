@@ -337,3 +337,23 @@ def test_a_direct_call_takes_its_max_tokens_within_the_pool_files_and_its_temper
     assert response.output_text == "alpha answers 1"
     assert text.choices[0].finish_reason == "length"
     assert (alpha.calls[-1].max_tokens, alpha.calls[-1].temperature) == (1, 0.0)
+
+
+def test_a_response_cut_at_max_output_tokens_is_incomplete_whole_and_streamed(
+    api: Api, request: pytest.FixtureRequest
+) -> None:
+    client = api.client()
+    request.addfinalizer(client.close)
+
+    whole = client.responses.create(model="alpha", input="Hi", max_output_tokens=2)
+    events = list(
+        client.responses.create(model="alpha", input="Hi", max_output_tokens=2, stream=True)
+    )
+
+    assert whole.status == "incomplete"
+    assert whole.incomplete_details is not None
+    assert whole.incomplete_details.reason == "max_output_tokens"
+    assert whole.output_text == "alpha answers"
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.status == "incomplete"  # type: ignore[union-attr]
+    assert client.responses.retrieve(whole.id).status == "incomplete"

@@ -47,6 +47,7 @@ from conductor_api.chat import (
     check_passthrough,
     check_tools,
     completed_workflow,
+    finish_reason,
     passthrough_field,
     sampling_of,
     submit_workflow,
@@ -177,6 +178,7 @@ async def _keep_passthrough(
     output = {
         "text": result.text,
         "tool_calls": [call.model_dump() for call in result.tool_calls],
+        "finish_reason": finish_reason(result),
         "usage": responses_usage(result.usage),
         "conductor": passthrough_field(result),
     }

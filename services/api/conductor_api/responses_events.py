@@ -50,7 +50,9 @@ class ResponseEvents:
         lines = [] if calls and not text else self._message(stored, text)
         for i, call in enumerate(calls):
             lines += self._function_call(stored, len(lines) > 0, i, call)
-        return [*lines, self.event("response.completed", response=final)]
+        # An answer cut at max_output_tokens ends "incomplete", as the Responses API ends it.
+        end = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        return [*lines, self.event(end, response=final)]
 
     def _function_call(
         self, stored: StoredResponse, after_text: bool, index: int, call: dict[str, Any]

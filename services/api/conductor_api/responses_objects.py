@@ -110,6 +110,7 @@ def response_object(
     error: str | None = None,
     completed_at: datetime | None = None,
     tool_calls: list[dict[str, Any]] | None = None,
+    incomplete: str | None = None,
 ) -> dict[str, Any]:
     """The response as it stands. The settings Conductor takes but does not act on are echoed
     as sent; those it refuses have their one accepted value."""
@@ -124,7 +125,7 @@ def response_object(
         "output": [] if text is None else output_items(stored, text, tool_calls or []),
         "usage": usage,
         "error": None if error is None else {"code": "server_error", "message": error},
-        "incomplete_details": None,
+        "incomplete_details": None if incomplete is None else {"reason": incomplete},
         "instructions": stored.instructions,
         "previous_response_id": stored.previous_response_id,
         "metadata": stored.labels,
@@ -166,9 +167,11 @@ def workflow_object(stored: StoredResponse, view: WorkflowView) -> dict[str, Any
 def passthrough_object(stored: StoredResponse) -> dict[str, Any]:
     """A worker call's response, from what was kept of its answer."""
     output = stored.output or {}
+    cut = output.get("finish_reason") == "length"  # at max_output_tokens
     return response_object(
         stored,
-        status="completed",
+        status="incomplete" if cut else "completed",
+        incomplete="max_output_tokens" if cut else None,
         text=output.get("text", ""),
         usage=output.get("usage"),
         conductor=output.get("conductor", {}),

@@ -168,6 +168,21 @@ class ResponseOutputMessageItem(BaseModel):
     content: list[ResponseOutputTextPart]
 
 
+class ResponseFunctionCallItem(BaseModel):
+    """A function a worker called directly asks the client to run."""
+
+    id: str
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    arguments: str = Field(description="JSON text, as the model wrote it.")
+    status: Literal["in_progress", "completed"]
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens"]
+
+
 class InputTokensDetails(BaseModel):
     cached_tokens: int
     cache_write_tokens: int = 0
@@ -200,10 +215,10 @@ class ResponseObject(BaseModel):
     completed_at: int | None = None
     status: Literal["queued", "in_progress", "completed", "failed", "cancelled", "incomplete"]
     model: str
-    output: list[ResponseOutputMessageItem]
+    output: list[ResponseOutputMessageItem | ResponseFunctionCallItem]
     usage: ResponseUsage | None
     error: ResponseErrorDetail | None
-    incomplete_details: None = None
+    incomplete_details: IncompleteDetails | None = None
     instructions: str | None
     previous_response_id: str | None
     metadata: dict[str, str]
