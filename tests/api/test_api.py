@@ -431,6 +431,8 @@ def test_the_job_list_filters_and_pages_through_a_tenants_workflows(api: Api) ->
     done = _list(api, label=f"batch:{batch}", status="completed", limit=100)
     other = _list(api, api.other_key, label=f"batch:{batch}")
     future = _list(api, label=f"batch:{batch}", created_after="2999-01-01T00:00:00Z")
+    searched = _list(api, label=f"batch:{batch}", q="WHAT 3 *")
+    wildcard = _list(api, label=f"batch:{batch}", q="%")
 
     # Then every job comes once, newest first, with its summary; filters narrow; tenants part
     listed = [w["id"] for page in pages for w in page["data"]]
@@ -445,6 +447,8 @@ def test_the_job_list_filters_and_pages_through_a_tenants_workflows(api: Api) ->
     assert len(done["data"]) == 5
     assert other["data"] == []
     assert future["data"] == []
+    assert [w["id"] for w in searched["data"]] == [made[3]]  # every word, any case
+    assert wildcard["data"] == []  # a % is a character, not a wildcard
 
 
 @pytest.mark.parametrize(

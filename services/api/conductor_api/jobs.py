@@ -151,6 +151,10 @@ async def list_jobs(
         datetime | None, Query(description="Created at or after (ISO 8601 or Unix seconds).")
     ] = None,
     created_before: Annotated[datetime | None, Query(description="Created before.")] = None,
+    q: Annotated[
+        str | None,
+        Query(max_length=200, description="Words the question holds, all of them, any case."),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
     after: Annotated[
         uuid.UUID | None, Query(description="The last_id of the previous page.")
@@ -169,6 +173,7 @@ async def list_jobs(
         labels=labels,
         created_after=_aware(created_after),
         created_before=_aware(created_before),
+        search=q,
     )
     service: WorkflowService = request.app.state.service
     found = await asyncio.to_thread(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, RowMapping, and_, bindparam, exists, or_, select, update
+from sqlalchemy import Engine, RowMapping, and_, bindparam, exists, func, or_, select, update
 
 from conductor.machine import FINAL_EVENT_KINDS
 from conductor.workflow import AttemptRecord
@@ -240,6 +240,8 @@ class WorkflowFilter:
     labels: Mapping[str, str] = field(default_factory=dict)
     created_after: datetime | None = None
     created_before: datetime | None = None
+    # Words that must all appear in the question, in any case.
+    search: str | None = None
 
 
 _SUMMARY_COLUMNS = [
@@ -287,6 +289,9 @@ def list_workflows(
         query = query.where(table.c.created_at >= wanted.created_after)
     if wanted.created_before is not None:
         query = query.where(table.c.created_at < wanted.created_before)
+    for word in (wanted.search or "").split():
+        # contains(autoescape): a % or _ in the search is a character, not a wildcard.
+        query = query.where(func.lower(table.c.question).contains(word.lower(), autoescape=True))
     with engine.connect() as conn:
         if after is not None:
             mark = conn.execute(
