@@ -51,6 +51,11 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
     images: tuple[ImagePart, ...] = ()
 
+    def as_text_turn(self) -> dict[str, str]:
+        """``{"role", "content"}``: the turn as chat templates and local engines take it (they
+        read text turns only; a null field breaks llama.cpp's parser)."""
+        return {"role": self.role, "content": self.content}
+
 
 class ToolSpec(BaseModel):
     """A function the model may call: its name, what it does, its parameters' JSON Schema."""

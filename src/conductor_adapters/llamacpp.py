@@ -190,7 +190,7 @@ class LlamaCppEngine:
     ) -> Completion:
         """One chat completion; the engine's answer has the OpenAI shape, so it parses as one."""
         body = self.request_body(
-            [m.model_dump() for m in messages],
+            [m.as_text_turn() for m in messages],
             max_tokens=max_tokens,
             temperature=temperature,
             json_schema=json_schema,

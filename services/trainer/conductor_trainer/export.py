@@ -100,7 +100,7 @@ def training_row(
     variant = variants.get(row.variant)
     max_steps = variant.max_steps if variant is not None else MAX_STEPS_LIMIT
     request = PlanRequest(question=row.question, pool=first.pool, max_steps=max_steps)
-    prompt = [m.model_dump() for m in render_prompt(request, PlanFormat.LISTS)]
+    prompt = [m.as_text_turn() for m in render_prompt(request, PlanFormat.LISTS)]
     return {
         "workflow_id": str(row.id),
         "tenant": row.tenant,

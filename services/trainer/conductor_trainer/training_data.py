@@ -58,7 +58,7 @@ def prompt_rows(
             max_steps=max_steps,
         )
         messages = [
-            m.model_dump() for m in render_prompt(request, PlanFormat.LISTS, examples=examples)
+            m.as_text_turn() for m in render_prompt(request, PlanFormat.LISTS, examples=examples)
         ]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         rows.append({"prompt": text, "item_key": item.key, "pool_names": names})

@@ -67,7 +67,7 @@ def prompt_token_ids(
     special tokens, so tokenizing adds none.
     """
     text = tokenizer.apply_chat_template(
-        [m.model_dump() for m in messages], tokenize=False, add_generation_prompt=True
+        [m.as_text_turn() for m in messages], tokenize=False, add_generation_prompt=True
     )
     if not isinstance(text, str):  # only with tokenize=True
         raise TypeError(f"chat template rendered {type(text).__name__}, not text")
