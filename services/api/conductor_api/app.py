@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import conductor
-from conductor_api import chat, jobs, responses, stats
+from conductor_api import chat, jobs, responses, stats, ui
 from conductor_api.admission import LimitHeaders
 from conductor_api.errors import error_body, install_error_handlers
 from conductor_api.metrics import ApiMetrics, MetricsMiddleware
@@ -149,6 +149,7 @@ def create_app(
     app.include_router(jobs.router)
     app.include_router(responses.router)
     app.include_router(stats.router)
+    app.include_router(ui.router)
 
     app.add_middleware(LimitHeaders)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
