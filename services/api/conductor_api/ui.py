@@ -63,7 +63,7 @@ def _text(status: int, body: str) -> Response:
     return PlainTextResponse(body, status_code=status, headers=SECURITY_HEADERS)
 
 
-def _index(static: Path) -> Response:
+def index_response(static: Path) -> Response:
     index = static / "index.html"
     if not index.is_file():
         return _text(503, NOT_BUILT)
@@ -96,12 +96,12 @@ def asset_path(static: Path, path: str) -> Path | None:
 @router.get("")
 async def index() -> Response:
     """The viewer's page (its routes are in the URL's hash: #/, #/workflows/ID, #/summary)."""
-    return _index(STATIC)
+    return index_response(STATIC)
 
 
 @router.get("/")
 async def index_slash() -> Response:
-    return _index(STATIC)
+    return index_response(STATIC)
 
 
 @router.get("/assets/{path:path}")
