@@ -443,6 +443,7 @@ def test_the_job_list_filters_and_pages_through_a_tenants_workflows(api: Api) ->
     assert first["status"] == "completed"
     assert first["usage"]["total_tokens"] > 0
     assert "steps" not in first
+    assert first["step_count"] == len(_workflow(api, first["id"])["steps"])
     assert [w["id"] for w in mini["data"]] == [made[3], made[1]]
     assert len(done["data"]) == 5
     assert other["data"] == []

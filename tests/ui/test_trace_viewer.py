@@ -171,6 +171,8 @@ def test_the_list_shows_the_tenants_workflows_and_its_filters_narrow_it(
     shown = {rows.nth(i).get_attribute("data-workflow-id") for i in range(4)}
     assert viewer.ids["theirs"] not in shown
     assert shown == {viewer.ids[n] for n in ("two-step", "one-step", "hostile", "failed")}
+    two_step = page.locator(f'tr[data-workflow-id="{viewer.ids["two-step"]}"] td')
+    expect(two_step.nth(3)).to_have_text("2")  # its steps
     assert _serious(page) == []
     _shoot(page, "list")
 

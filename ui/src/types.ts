@@ -71,7 +71,9 @@ interface WorkflowCommon {
   finished_at: string | null;
 }
 
-export type WorkflowSummary = WorkflowCommon;
+export interface WorkflowSummary extends WorkflowCommon {
+  step_count: number;
+}
 
 export interface Workflow extends WorkflowCommon {
   plan_valid: boolean;

@@ -258,6 +258,7 @@ _SUMMARY_COLUMNS = [
         "created_at",
         "finished_at",
         "total_tokens",
+        "plan",
         *_USAGE,
     )
 ]
@@ -319,6 +320,7 @@ def _summary(row: RowMapping) -> WorkflowSummary:
         usage=UsageView(**_usage(row), total_tokens=row["total_tokens"]),
         cost_usd=row["cost_usd"],
         latency_ms=row["latency_ms"],
+        step_count=len(row["plan"] or []),
         created_at=row["created_at"],
         finished_at=row["finished_at"],
     )

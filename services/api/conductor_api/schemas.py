@@ -274,6 +274,7 @@ class WorkflowSummary(BaseModel):
     usage: UsageView
     cost_usd: float
     latency_ms: float
+    step_count: int = Field(description="The worker and Conductor steps planned, all rounds.")
     created_at: datetime
     finished_at: datetime | None
 

@@ -59,7 +59,7 @@ export function listPage(main: HTMLElement): Page {
     'table',
     { id: 'workflow-table', class: 'data' },
     h('caption', { class: 'visually-hidden' }, 'Workflows, newest first'),
-    h('thead', {}, h('tr', {}, ['Status', 'Variant', 'Question', 'Tokens', 'Cost', 'Latency', 'Created'].map((name) => h('th', { scope: 'col' }, name)))),
+    h('thead', {}, h('tr', {}, ['Status', 'Variant', 'Question', 'Steps', 'Tokens', 'Cost', 'Latency', 'Created'].map((name) => h('th', { scope: 'col' }, name)))),
     tbody,
   );
   const empty = h('p', { id: 'list-empty', class: 'muted', hidden: true }, 'No workflows match these filters.');
@@ -107,6 +107,7 @@ export function listPage(main: HTMLElement): Page {
         h('a', { href: `#/workflows/${item.id}` }, question),
         item.error ? h('div', { class: 'row-error' }, firstLine(item.error, 100)) : null,
       ),
+      h('td', { class: 'num' }, int(item.step_count)),
       h('td', { class: 'num' }, int(tokens(item.usage))),
       h('td', { class: 'num' }, usd(item.cost_usd)),
       h('td', { class: 'num' }, ended ? ms(item.latency_ms) : '–'),
