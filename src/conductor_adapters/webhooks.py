@@ -54,6 +54,10 @@ Address = IPv4Address | IPv6Address
 ALLOW_HINT = "allow it with CONDUCTOR_WEBHOOK_ALLOWED_NETWORKS"
 _NAT64 = ip_network("64:ff9b::/96")  # well-known prefix: the last 32 bits are an IPv4 address
 _LOCAL_NAT64 = ip_network("64:ff9b:1::/48")  # local use: what it embeds is the network's choice
+# IPv6 ranges Python may call global that lead inside: IPv4-compatible (deprecated), SIIT's
+# IPv4-translated, site-local (deprecated, still routed on some networks).
+_NOT_PUBLIC_V6 = (ip_network("::/96"), ip_network("::ffff:0:0:0/96"), ip_network("fec0::/10"))
+MAX_ADDRESSES = 3  # a host's addresses tried at most, so an attempt stays within its lease
 
 
 class Refused(Exception):
@@ -79,7 +83,7 @@ def reachable(address: Address, allowed: Sequence[Network]) -> bool:
             inner = IPv4Address(int(address) & 0xFFFF_FFFF)
         if inner is not None:
             return reachable(inner, allowed)
-        if address in _LOCAL_NAT64:
+        if address in _LOCAL_NAT64 or any(address in net for net in _NOT_PUBLIC_V6):
             return False
     return address.is_global and not address.is_multicast
 
@@ -326,7 +330,7 @@ def _post_pinned(
             follow_redirects=False,
         )
 
-    *others, last = addresses
+    *others, last = addresses[:MAX_ADDRESSES]
     for address in others:
         try:
             return send(address)

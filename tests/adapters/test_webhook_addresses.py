@@ -37,6 +37,9 @@ INTERNAL = [
     "http://[2002:a01:203::1]/hooks",
     "http://[64:ff9b::a01:203]/hooks",
     "http://[64:ff9b:1::1]/hooks",  # local-use NAT64: what it embeds is unknown
+    "http://[::7f00:1]/hooks",  # IPv4-compatible: 127.0.0.1
+    "http://[::ffff:0:7f00:1]/hooks",  # SIIT IPv4-translated: 127.0.0.1
+    "http://[fec0::1]/hooks",  # site-local
 ]
 
 

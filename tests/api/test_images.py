@@ -32,18 +32,13 @@ def test_a_worker_called_directly_sees_the_images_of_a_user_message(
 
     answer = client.chat.completions.create(
         model="alpha",
-        messages=[
-            {"role": "user", "content": [LOOK, _image(), _image("https://example.com/a.png")]}
-        ],  # type: ignore[list-item]
+        messages=[{"role": "user", "content": [LOOK, _image(), _image(detail="high")]}],  # type: ignore[list-item]
     )
 
     assert answer.choices[0].message.content == "alpha answers 1 message(s)"
     [sent] = api.workers["alpha"].calls[-1].messages
     assert sent.content == "What is in this picture?"
-    assert [(i.url, i.detail) for i in sent.images] == [
-        (PIXEL, "low"),
-        ("https://example.com/a.png", "low"),
-    ]
+    assert [(i.url, i.detail) for i in sent.images] == [(PIXEL, "low"), (PIXEL, "high")]
 
 
 def test_the_responses_api_passes_input_images_and_lists_them_as_sent(
@@ -89,6 +84,14 @@ def test_the_responses_api_passes_input_images_and_lists_them_as_sent(
             "is not sent images",
         ),
         (
+            {
+                "model": "alpha",
+                "messages": [{"role": "user", "content": [_image("http://169.254.169.254/a")]}],
+            },
+            "messages[0].content[0]",
+            "send it inline",
+        ),
+        (
             {"model": "alpha", "messages": [{"role": "user", "content": [_image("ftp://x/a")]}]},
             "messages[0].content[0]",
             "http(s) URL or a data:image",
@@ -118,7 +121,14 @@ def test_the_responses_api_passes_input_images_and_lists_them_as_sent(
             "input_audio content is not supported",
         ),
     ],
-    ids=["workflow", "worker-without-images", "not-an-image-url", "assistant-image", "audio"],
+    ids=[
+        "workflow",
+        "worker-without-images",
+        "linked-image-to-a-self-hosted-worker",
+        "not-an-image-url",
+        "assistant-image",
+        "audio",
+    ],
 )
 def test_an_image_where_it_cannot_go_is_a_400_naming_it(
     api: Api, body: dict[str, Any], param: str, says: str

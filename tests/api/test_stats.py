@@ -39,6 +39,8 @@ def test_stats_add_up_a_tenants_workflows_by_variant_worker_and_failure(api: Api
         mine = http.get("/v1/stats", params=window).json()
         theirs = other.get("/v1/stats", params=window).json()
         refused = http.get("/v1/stats", params={"created_after": "2999-01-01T00:00:00Z"})
+        too_long = http.get("/v1/stats", params={"created_after": "2020-01-01T00:00:00Z"})
+        too_early = http.get("/v1/stats", params={"created_before": "0001-01-02T00:00:00Z"})
 
     # Then the totals, series and failure reasons are those of these workflows (at least:
     # the module's other tests share the tenant), and another tenant's are not in them
@@ -59,3 +61,6 @@ def test_stats_add_up_a_tenants_workflows_by_variant_worker_and_failure(api: Api
     assert theirs["totals"]["workflows"] == 0
     assert refused.status_code == 400
     assert refused.json()["error"]["param"] == "created_after"
+    assert too_long.status_code == 400
+    assert "at most 400 days" in too_long.json()["error"]["message"]
+    assert too_early.status_code == 400

@@ -357,3 +357,34 @@ def test_a_response_cut_at_max_output_tokens_is_incomplete_whole_and_streamed(
     assert events[-1].type == "response.incomplete"
     assert events[-1].response.status == "incomplete"  # type: ignore[union-attr]
     assert client.responses.retrieve(whole.id).status == "incomplete"
+
+
+def test_a_worker_the_key_may_not_call_is_not_found_whatever_it_is_sent(api: Api) -> None:
+    # A key limited to alpha asks gamma (llama.cpp, no tools) with tools and with an image: a
+    # 400 saying what gamma takes would tell the key about a worker it may not see
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    bodies = [
+        {"model": "gamma", "messages": QUESTION, "tools": [WEATHER]},
+        {"model": "gamma", "messages": [{"role": "user", "content": [image]}]},
+    ]
+    with api.http(api.alpha_key) as http:
+        replies = [http.post("/v1/chat/completions", json=body) for body in bodies]
+        response = http.post(
+            "/v1/responses", json={"model": "gamma", "input": "Hi", "tools": [WEATHER_TOOL]}
+        )
+
+    assert [r.status_code for r in [*replies, response]] == [404, 404, 404]
+    assert all("gamma" not in r.json()["error"]["message"].split("'")[2:] for r in replies)
+
+
+def test_an_overlong_tool_call_id_is_a_400_naming_it(api: Api) -> None:
+    call = {"id": "x" * 201, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    body = {
+        "model": "alpha",
+        "messages": [*QUESTION, {"role": "assistant", "content": None, "tool_calls": [call]}],
+    }
+    with api.http() as http:
+        reply = http.post("/v1/chat/completions", json=body)
+
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["param"] == "messages[1].tool_calls[0].id"

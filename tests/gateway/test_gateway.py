@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from conductor.chat import ChatMessage
+from conductor.chat import ChatMessage, ImagePart, ToolCall
 from conductor.errors import StepCallFailed
-from conductor.pool import Pool, Price, Quotas, WorkerSpec
+from conductor.pool import Pool, Price, Provider, Quotas, WorkerSpec
 from conductor_cli.local_stack import free_port
 from conductor_gateway.gateway import WorkerGateway
 from conductor_gateway.quotas import QuotaConfig
@@ -28,6 +28,7 @@ from fakes.openai_server import (
     openai_compatible_spec,
     streamed,
 )
+from fakes.scripted import ScriptedWorker
 
 MESSAGES = [ChatMessage(role="user", content="What is 2 + 2?")]
 PRICE = Price(input=1.0, cached_input=0.5, output=2.0)
@@ -286,3 +287,38 @@ async def test_an_answer_is_kept_when_redis_dies_before_its_quota_is_settled(
     assert result.text == "4"
     assert [a.status for a in result.attempts] == ["ok"]
     assert len(fake_openai.chat_requests) == 1
+
+
+async def test_a_fallback_that_would_drop_images_or_tool_turns_is_skipped(
+    fake_openai: FakeOpenAIServer,
+) -> None:
+    # Given a primary that is down, falling back to a local llama.cpp worker (no images, no
+    # tools), and a call showing an image, and one carrying a tool turn
+    fake_openai.enqueue(*[error(503, "down")] * 2)
+    primary = _spec("primary", fake_openai.base_url, fallbacks=["local"])
+    local_spec = WorkerSpec(name="local", provider=Provider.LLAMACPP, model="smol.gguf")
+    pool = Pool(workers=(primary, local_spec))
+    local = ScriptedWorker("local")
+    plain = primary.model_copy(update={"fallbacks": ()})
+    workers = {**build_workers(Pool(workers=(plain,))), "local": local}
+    gateway = WorkerGateway(pool, workers, policy=RetryPolicy(max_attempts=1, base_delay_s=0))
+    image = ImagePart(url="data:image/png;base64,AAAA")
+    call = ToolCall(id="c1", name="f", arguments="{}")
+    shown = [ChatMessage(role="user", content="What is this?", images=(image,))]
+    answered = [
+        *MESSAGES,
+        ChatMessage(role="assistant", content="", tool_calls=(call,)),
+        ChatMessage(role="tool", content="4", tool_call_id="c1"),
+    ]
+
+    # When each fails on the primary
+    try:
+        with pytest.raises(StepCallFailed, match="local: it is not sent images"):
+            await gateway.call("primary", shown)
+        with pytest.raises(StepCallFailed, match="local: its wire format takes no tools"):
+            await gateway.call("primary", answered)
+    finally:
+        await gateway.aclose()
+
+    # Then the fallback was never sent a lesser request (one without the image or the turns)
+    assert local.calls == []

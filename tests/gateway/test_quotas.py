@@ -535,7 +535,7 @@ async def test_a_waiter_that_stops_looking_loses_its_place_after_the_grace(
     assert isinstance(store, RedisQuotas)
     quotas = Quotas(max_concurrency=1)
     held = await store.acquire(WORKER, quotas, 10, tenant="A")
-    dead_args = ["0-dead-waiter", 0, 0, 1, 10, 1050, 5000, int(MAX_POLL_S * 1000), "A", 500]
+    dead_args = ["0-dead-waiter", 0, 0, 1, 10, 1050, 5000, int(MAX_POLL_S * 1000), "A", 500, 2000]
     taken, _ = await store._acquire(keys=store.keys(WORKER), args=dead_args)
     assert int(taken) == 0
 

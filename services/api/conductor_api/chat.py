@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
@@ -18,6 +19,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from sqlalchemy.exc import SQLAlchemyError
 
 from conductor.answer_format import AnswerFormat, AnswerFormatError
 from conductor.chat import ChatMessage, Sampling, ToolCall, ToolUse, Usage
@@ -55,6 +57,7 @@ from conductor_api.tools import (
 )
 
 router = APIRouter(tags=["OpenAI-compatible"])
+logger = logging.getLogger(__name__)
 WAIT_MARGIN_S = 30.0  # beyond the variant's own deadline, for the outcome to be stored
 
 
@@ -67,8 +70,9 @@ def render_question(messages: list[ChatMessageIn]) -> str:
         raise ApiError(400, "messages: include at least one user message", param="messages")
     request = messages[last_user].text
     instructions = [m.text for m in messages if m.role in ("system", "developer")]
-    before = [_turn(m) for m in messages[:last_user] if m.role not in ("system", "developer")]
-    after = [_turn(m) for m in messages[last_user + 1 :] if m.role not in ("system", "developer")]
+    turns = [(i, m) for i, m in enumerate(messages) if m.role not in ("system", "developer")]
+    before = [_turn(m, i) for i, m in turns if i < last_user]
+    after = [_turn(m, i) for i, m in turns if i > last_user]
     if not instructions and not before and not after:
         return request
     parts = []
@@ -82,10 +86,10 @@ def render_question(messages: list[ChatMessageIn]) -> str:
     return "\n\n".join(parts)
 
 
-def _turn(message: ChatMessageIn) -> str:
+def _turn(message: ChatMessageIn, index: int) -> str:
     if message.role == "tool":
         return f"Tool result ({message.tool_call_id or 'a call'}): {message.text}"
-    calls = chat_tool_calls(message.tool_calls, "messages[].tool_calls")
+    calls = chat_tool_calls(message.tool_calls, f"messages[{index}].tool_calls")
     text = "\n".join(t for t in (message.text, describe_calls(calls)) if t)
     return f"{message.role.title()}: {text}"
 
@@ -210,6 +214,8 @@ async def chat_completions(
     answer_format = answer_format_of(body.response_format)
     tools = tool_use(body.tools, body.tool_choice, body.parallel_tool_calls, nested=True)
     passthrough = body.model in service.worker_names
+    if passthrough:  # first: a worker this key may not call is a 404, whatever else is wrong
+        check_passthrough(service, caller, body.model, body.conductor)
     check_tools(service, body.model if passthrough else None, tools, body.messages)
     check_images(service.pool.get(body.model) if passthrough else None, body.messages)
     await admit(
@@ -540,7 +546,6 @@ async def _passthrough(
     answer_format: AnswerFormat | None = None,
     tools: ToolUse | None = None,
 ) -> JSONResponse | StreamingResponse:
-    check_passthrough(service, caller, body.model, body.conductor)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     messages = worker_messages(body.messages)
     sampling = sampling_of(body.max_completion_tokens or body.max_tokens, body.temperature)
@@ -631,9 +636,12 @@ async def _count_spend(
     usage, cost = attempts_total(attempts)
     if caller.key_id is None or not (usage.total_tokens or cost):
         return
-    await asyncio.to_thread(
-        record_direct_call, service.engine, caller.key_id, worker, usage.total_tokens, cost
-    )
+    try:
+        await asyncio.to_thread(
+            record_direct_call, service.engine, caller.key_id, worker, usage.total_tokens, cost
+        )
+    except SQLAlchemyError as exc:  # the answer is paid for: it goes out, uncounted
+        logger.warning("could not count a direct call of %s against its key: %s", worker, exc)
 
 
 def passthrough_field(result: StepCallResult) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from conductor.chat import ImagePart
-from conductor.pool import IMAGE_PROVIDERS, WorkerSpec
+from conductor.pool import IMAGE_PROVIDERS, Provider, WorkerSpec
 from conductor_api.errors import ApiError, unsupported
 from conductor_api.schemas import ChatMessageIn
 
@@ -68,12 +68,33 @@ def image_params(messages: list[ChatMessageIn]) -> list[str]:
     ]
 
 
+def _linked(messages: list[ChatMessageIn]) -> str | None:
+    """Where the first image given by an http(s) URL is, if any."""
+    for i, message in enumerate(messages):
+        for j, part in enumerate(message.content if isinstance(message.content, list) else []):
+            raw = (part.model_extra or {}).get(IMAGE_PART) if part.type == IMAGE_PART else None
+            url = raw.get("url") if isinstance(raw, Mapping) else raw
+            if isinstance(url, str) and url.startswith(("http://", "https://")):
+                return f"messages[{i}].content[{j}]"
+    return None
+
+
 def check_images(
     spec: WorkerSpec | None, messages: list[ChatMessageIn], param: str | None = None
 ) -> None:
     """Images go to a worker called directly (``spec``) whose provider takes them; for a
-    workflow (``spec`` None) or another worker, a 400 naming the first image (or ``param``)."""
+    workflow (``spec`` None) or another worker, a 400 naming the first image (or ``param``).
+    A self-hosted OpenAI-compatible server fetches a linked image from inside the operator's
+    network, so it takes images inline only: a client cannot make it reach internal hosts."""
     found = image_params(messages)
+    if found and spec is not None and spec.provider is Provider.OPENAI_COMPATIBLE:
+        linked = _linked(messages)
+        if linked is not None:
+            raise unsupported(
+                param or linked,
+                f"worker {spec.name!r} is self-hosted and would fetch the image from inside "
+                "the network: send it inline, as a data:image/...;base64 URL",
+            )
     if not found or (spec is not None and spec.provider in IMAGE_PROVIDERS):
         return
     where = param or found[0]

@@ -288,6 +288,8 @@ async def create_response(
     )
     messages = conversation(stored)
     passthrough = body.model in service.worker_names
+    if passthrough:  # first: a worker this key may not call is a 404, whatever else is wrong
+        check_passthrough(service, caller, body.model, body.conductor)
     check_tools(service, body.model if passthrough else None, tools, messages, "input")
     where = first_image(items) or "previous_response_id"  # else an earlier turn's image
     check_images(service.pool.get(body.model) if passthrough else None, messages, where)
@@ -333,7 +335,6 @@ async def _passthrough(
     answer_format: AnswerFormat | None,
     tools: ToolUse | None,
 ) -> JSONResponse | StreamingResponse:
-    check_passthrough(service, caller, body.model, body.conductor)
     if not any(m.role == "user" for m in messages):
         raise invalid("input", "include at least one user message")
     try:

@@ -47,9 +47,10 @@ class ResponseEvents:
         """From the first output item's start to ``response.completed``: the text's message
         (unless the answer is function calls alone), then each function call."""
         calls = calls or []
-        lines = [] if calls and not text else self._message(stored, text)
+        with_text = not calls or bool(text)  # the message item comes first, at index 0
+        lines = self._message(stored, text) if with_text else []
         for i, call in enumerate(calls):
-            lines += self._function_call(stored, len(lines) > 0, i, call)
+            lines += self._function_call(stored, with_text, i, call)
         # An answer cut at max_output_tokens ends "incomplete", as the Responses API ends it.
         end = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         return [*lines, self.event(end, response=final)]

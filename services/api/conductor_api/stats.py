@@ -31,6 +31,7 @@ router = APIRouter(prefix="/v1/stats", tags=["Job API"])
 Bucket = Literal["hour", "day"]
 DEFAULT_SPAN = timedelta(days=7)
 MAX_BUCKETS = 2000  # a span cut into more buckets than this is refused (a chart of noise)
+MAX_SPAN = timedelta(days=400)  # every row of the span is read: a bound on one request's work
 REASON_CHARS = 120  # failure reasons are grouped by their start (ids and numbers follow)
 
 
@@ -207,9 +208,18 @@ async def stats(
     """The key's tenant's workflows created in the span: totals, series by variant and by
     worker, failure reasons, latency percentiles."""
     until = _aware(created_before) or datetime.now(UTC)
-    since = _aware(created_after) or until - DEFAULT_SPAN
+    try:
+        since = _aware(created_after) or until - DEFAULT_SPAN
+    except OverflowError:  # a created_before in the first week of year 1
+        raise ApiError(400, "created_before: too early", param="created_before") from None
     if since >= until:
         raise ApiError(400, "created_after: must be before created_before", param="created_after")
+    if until - since > MAX_SPAN:
+        raise ApiError(
+            400,
+            f"created_after: a span of at most {MAX_SPAN.days} days, not {(until - since).days}",
+            param="created_after",
+        )
     step = timedelta(hours=1) if bucket == "hour" else timedelta(days=1)
     if (until - since) / step > MAX_BUCKETS:
         raise ApiError(

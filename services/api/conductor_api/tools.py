@@ -140,7 +140,11 @@ def tool_call(ident: Any, name: Any, arguments: Any, param: str) -> ToolCall:
         raise invalid(param, "a tool call needs its function's name")
     if not isinstance(arguments, str):
         raise invalid(param, "a tool call's arguments are a JSON string")
-    return ToolCall(id=ident, name=name, arguments=arguments)
+    try:
+        return ToolCall(id=ident, name=name, arguments=arguments)
+    except ValidationError as exc:  # an id or name too long
+        error = exc.errors()[0]
+        raise invalid(f"{param}.{error['loc'][0]}", error["msg"]) from None
 
 
 def describe_calls(calls: tuple[ToolCall, ...]) -> str:

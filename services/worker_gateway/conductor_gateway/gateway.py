@@ -25,7 +25,7 @@ from conductor.errors import (
     WorkerError,
     WorkerUnavailable,
 )
-from conductor.pool import Pool, WorkerSpec
+from conductor.pool import IMAGE_PROVIDERS, TOOL_CALLING_PROVIDERS, Pool, WorkerSpec
 from conductor.ports import ChatWorker, StepCallResult, ToolCallingWorker
 from conductor.streaming import collect_stream
 from conductor.workflow import AttemptRecord, attempts_total
@@ -117,8 +117,9 @@ class WorkerGateway:
             if name not in self.workers:
                 errors.append(f"{name}: not callable here")
                 continue
-            if tools is not None and not isinstance(self.workers[name], ToolCallingWorker):
-                errors.append(f"{name}: its wire format takes no tools")
+            refusal = self._cannot_take(name, messages, tools)
+            if refusal is not None:
+                errors.append(f"{name}: {refusal}")
                 continue
             if name != worker and self.metrics is not None:
                 self.metrics.fallback(self.pool.get(name))
@@ -142,6 +143,21 @@ class WorkerGateway:
                 tool_calls=list(completion.tool_calls),
             )
         raise StepCallFailed("; ".join(errors) or f"{worker}: no attempt made", attempts)
+
+    def _cannot_take(
+        self, name: str, messages: Sequence[ChatMessage], tools: ToolUse | None
+    ) -> str | None:
+        """Why worker ``name`` cannot take this call whole (a fallback that would drop its
+        tools, tool turns or images is skipped, never sent a lesser request); None if it can."""
+        provider = self.pool.get(name).provider
+        uses_tools = tools is not None or any(m.tool_calls or m.role == "tool" for m in messages)
+        if uses_tools and not (
+            isinstance(self.workers[name], ToolCallingWorker) and provider in TOOL_CALLING_PROVIDERS
+        ):
+            return "its wire format takes no tools"
+        if any(m.images for m in messages) and provider not in IMAGE_PROVIDERS:
+            return "it is not sent images"
+        return None
 
     async def _call_with_retries(
         self, spec: WorkerSpec, call: _Call, attempts: list[AttemptRecord]

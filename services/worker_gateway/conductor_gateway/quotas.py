@@ -32,10 +32,13 @@ from typing import Protocol
 from conductor.chat import ChatMessage, ToolUse
 from conductor.pool import Quotas
 
-MAX_POLL_S = 0.25
+MAX_POLL_S = 0.25  # how often a call waiting for a concurrency slot looks again
+# The first in line looks again this soon at the latest while others wait behind it: room can
+# come before its hint says (calls settle below their estimates), and nobody may pass it.
+HEAD_POLL_S = 2.0
 # What an image may cost before the real count is known: about what a large one costs at
 # Anthropic (1,600) and OpenAI at high detail.
-IMAGE_TOKENS = 1600  # how often a call waiting for a concurrency slot looks again
+IMAGE_TOKENS = 1600
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,8 @@ class MemoryQuotas:
                 wait = max(wait, MAX_POLL_S)
             if wait == 0 and not _room_for_those_ahead(window, quotas, waiter):
                 wait = MAX_POLL_S  # the calls ahead in line go first
+            if wait > HEAD_POLL_S and len(window.waiters) > 1 and not window.ahead_of(waiter):
+                wait = HEAD_POLL_S
             if wait > 0:
                 return wait
             window.leave(lease_id)

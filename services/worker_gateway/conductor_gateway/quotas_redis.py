@@ -31,6 +31,7 @@ import redis.asyncio as aioredis
 from conductor.pool import Quotas
 from conductor_gateway.quotas import (
     FREE_LEASE,
+    HEAD_POLL_S,
     MAX_POLL_S,
     QuotaConfig,
     QuotaLease,
@@ -60,7 +61,7 @@ end
 """
 
 # ARGV: lease id, rpm, tpm, max concurrency (0 = no limit), tokens, hold ms, lease ms, poll ms,
-# tenant, grace ms. Returns {1, 0} when taken, {0, wait_ms} when the call must wait.
+# tenant, grace ms, head poll ms. Returns {1, 0} when taken, {0, wait_ms} when the call must wait.
 ACQUIRE = (
     LEAVE_LINE
     + """
@@ -70,6 +71,7 @@ local id = ARGV[1]
 local rpm, tpm, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local tokens, hold, lease = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local poll, tenant, grace = tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
+local head_poll = tonumber(ARGV[11])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - hold)
 local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - hold)
 for i = 1, #old do
@@ -133,6 +135,9 @@ if wait == 0 and rank > 0 then
   end
 end
 local ttl = 2 * hold + grace + 1000
+if wait > head_poll and rank == 0 and redis.call('ZCARD', KEYS[5]) > 1 then
+  wait = head_poll  -- first in line, others behind: it looks again soon, nobody may pass it
+end
 if wait > 0 then
   wait = math.max(1, math.ceil(wait))
   -- Looks again in wait * 1.2 at most (jitter); presumed dead if it has not by then plus grace.
@@ -226,6 +231,7 @@ class RedisQuotas:
             int(MAX_POLL_S * 1000),
             tenant or "",
             int(self.config.wait_grace_s * 1000),
+            int(HEAD_POLL_S * 1000),
         ]
         started = time.monotonic()
         try:
