@@ -388,3 +388,28 @@ def test_an_overlong_tool_call_id_is_a_400_naming_it(api: Api) -> None:
 
     assert reply.status_code == 400, reply.text
     assert reply.json()["error"]["param"] == "messages[1].tool_calls[0].id"
+
+
+def test_parallel_function_calls_stream_as_consecutive_output_items(
+    api: Api, request: pytest.FixtureRequest
+) -> None:
+    client = api.client()
+    request.addfinalizer(client.close)
+    clock = {"type": "function", "name": "get_time", "parameters": {"type": "object"}}
+
+    # When alpha must call and calls both tools at once, streamed
+    events = list(
+        client.responses.create(
+            model="alpha",
+            input="Weather and time in Paris?",
+            tools=[WEATHER_TOOL, clock],  # type: ignore[list-item]
+            tool_choice="required",
+            stream=True,
+        )
+    )
+
+    # Then each call is its own output item, at indexes 0 and 1, as the final response has them
+    added = [e for e in events if e.type == "response.output_item.added"]
+    assert [(e.output_index, e.item.name) for e in added] == [(0, "get_weather"), (1, "get_time")]  # type: ignore[union-attr]
+    final = events[-1].response  # type: ignore[union-attr]
+    assert [item.name for item in final.output] == ["get_weather", "get_time"]  # type: ignore[union-attr]

@@ -87,9 +87,9 @@ class ScriptedWorker:
         max_tokens: int,
         temperature: float,
     ) -> Completion:
-        """Offered tools, it calls one (the one it must, else the first) with arguments made
-        from its parameters' schema, unless told not to; given a tool's result, it answers
-        with it."""
+        """Offered tools, it calls one (the one it must, else the first; every one when a call
+        is required) with arguments made from its parameters' schema, unless told not to; given
+        a tool's result, it answers with it."""
         self.tools_offered.append(tools)
         completion = await self.complete(messages, max_tokens=max_tokens, temperature=temperature)
         if messages[-1].role == "tool" or tools.choice == "none":
@@ -97,14 +97,20 @@ class ScriptedWorker:
                 text = f"{self.name} read the tool's result: {messages[-1].content}"
                 return completion.model_copy(update={"text": text})
             return completion
-        chosen = next((t for t in tools.tools if t.name == tools.choice), tools.tools[0])
-        call = ToolCall(
-            id=f"call_{len(self.calls)}",
-            name=chosen.name,
-            arguments=json.dumps(example_arguments(chosen.parameters or {})),
+        if tools.choice == "required":  # every tool, in parallel
+            chosen = list(tools.tools)
+        else:
+            chosen = [next((t for t in tools.tools if t.name == tools.choice), tools.tools[0])]
+        calls = tuple(
+            ToolCall(
+                id=f"call_{len(self.calls)}_{n}",
+                name=tool.name,
+                arguments=json.dumps(example_arguments(tool.parameters or {})),
+            )
+            for n, tool in enumerate(chosen)
         )
         return completion.model_copy(
-            update={"text": "", "tool_calls": (call,), "finish_reason": "tool_calls"}
+            update={"text": "", "tool_calls": calls, "finish_reason": "tool_calls"}
         )
 
     async def stream(

@@ -270,3 +270,14 @@ def test_the_sign_in_page_is_accessible_and_refuses_a_wrong_key(page: Page, view
     page.locator("#login-form button[type=submit]").click()
     expect(page.locator("#login-message")).not_to_be_empty()
     expect(page.locator("#sign-out")).to_be_hidden()
+
+
+def test_feedback_given_on_a_workflows_page_is_stored(page: Page, viewer: Viewer) -> None:
+    workflow_id = viewer.ids["one-step"]
+    _sign_in(page, viewer, route=f"workflows/{workflow_id}")
+
+    page.fill("#feedback-score", "0.8")
+    page.locator("#feedback-form button[type=submit]").click()
+
+    expect(page.locator("#feedback-stored")).to_contain_text("0.8")
+    assert viewer.workflow(workflow_id)["feedback"] == 0.8
