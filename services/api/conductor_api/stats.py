@@ -163,29 +163,30 @@ def read_stats(
     )
 
 
-def _by_variant(rows: Iterable[Any], bucket: Bucket) -> list[VariantBucket]:
+def _sums(
+    rows: Iterable[Any], bucket: Bucket, name: str
+) -> list[tuple[datetime, str, int, int, float]]:
+    """(bucket start, the row's ``name`` column, rows, tokens, cost) per bucket and name."""
     sums: dict[tuple[datetime, str], list[float]] = defaultdict(lambda: [0, 0, 0.0])
     for row in rows:
-        entry = sums[(bucket_start(row.created_at, bucket), row.variant)]
+        entry = sums[(bucket_start(row.created_at, bucket), getattr(row, name))]
         entry[0] += 1
         entry[1] += row.total_tokens
         entry[2] += row.cost_usd
+    return [(start, key, int(n), int(t), c) for (start, key), (n, t, c) in sorted(sums.items())]
+
+
+def _by_variant(rows: Iterable[Any], bucket: Bucket) -> list[VariantBucket]:
     return [
-        VariantBucket(start=start, variant=variant, workflows=int(n), tokens=int(t), cost_usd=c)
-        for (start, variant), (n, t, c) in sorted(sums.items())
+        VariantBucket(start=start, variant=variant, workflows=n, tokens=t, cost_usd=c)
+        for start, variant, n, t, c in _sums(rows, bucket, "variant")
     ]
 
 
 def _by_worker(rows: Iterable[Any], bucket: Bucket) -> list[WorkerBucket]:
-    sums: dict[tuple[datetime, str], list[float]] = defaultdict(lambda: [0, 0, 0.0])
-    for row in rows:
-        entry = sums[(bucket_start(row.created_at, bucket), row.worker)]
-        entry[0] += 1
-        entry[1] += row.total_tokens
-        entry[2] += row.cost_usd
     return [
-        WorkerBucket(start=start, worker=worker, steps=int(n), tokens=int(t), cost_usd=c)
-        for (start, worker), (n, t, c) in sorted(sums.items())
+        WorkerBucket(start=start, worker=worker, steps=n, tokens=t, cost_usd=c)
+        for start, worker, n, t, c in _sums(rows, bucket, "worker")
     ]
 
 
