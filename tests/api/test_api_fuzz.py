@@ -41,7 +41,7 @@ from conductor_adapters.store.keys import create_key, revoke_key
 from fakes.api_server import LiveApi, scripted_service
 from fakes.scripted import ScriptedWorker
 
-# The coverage cases plus 15 to 30 generated requests per operation: tens of seconds.
+# The coverage cases plus 8 to 20 generated requests per operation: tens of seconds.
 pytestmark = [pytest.mark.slow]
 
 WORKERS = ("alpha", "beta")
@@ -327,7 +327,7 @@ def test_fuzz_with_a_key(
     api_schema: schemathesis.BaseSchema, target: Target, subtests: pytest.Subtests
 ) -> None:
     """A live key: no 5xx, every refusal an OpenAI error object, every stream ends."""
-    _fuzz_all(api_schema, target, _with_key, subtests, examples=30)
+    _fuzz_all(api_schema, target, _with_key, subtests, examples=20)
 
 
 # A refusal depends on the key alone, never reaching a workflow: one store is enough.
@@ -338,4 +338,4 @@ def test_fuzz_without_a_key(
     """No key, a revoked, mistyped or made-up one: every /v1 operation refuses with a 4xx
     error object (never a 2xx, never a 5xx); the operations endpoints need no key."""
     # A refusal depends on the key, not on the body: fewer random bodies find nothing more.
-    _fuzz_all(api_schema, target, _without_key, subtests, examples=15)
+    _fuzz_all(api_schema, target, _without_key, subtests, examples=8)
