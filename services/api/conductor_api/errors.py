@@ -70,6 +70,11 @@ def without_addresses(text: str) -> str:
     return _ADDRESS.sub(HIDDEN_ADDRESS, _URL.sub(HIDDEN_ADDRESS, text))
 
 
+def invalid(param: str, reason: str) -> ApiError:
+    """A 400 for a value that is wrong, naming the field that holds it."""
+    return ApiError(400, f"{param}: {reason}", param=param)
+
+
 def unsupported(param: str, reason: str) -> ApiError:
     """A 400 for what this API cannot do, naming the field that asks for it."""
     return ApiError(400, f"{param}: {reason}", code="unsupported_parameter", param=param)

@@ -14,16 +14,12 @@ from pydantic import ValidationError
 
 from conductor.chat import ImagePart
 from conductor.pool import IMAGE_PROVIDERS, Provider, WorkerSpec
-from conductor_api.errors import ApiError, unsupported
+from conductor_api.errors import invalid, unsupported
 from conductor_api.schemas import ChatMessageIn
 
 IMAGE_PART = "image_url"
 IMAGE_WORKERS = ", ".join(sorted(p.value for p in IMAGE_PROVIDERS))
 _DATA_URL = re.compile(r"data:image/[A-Za-z0-9.+-]+;base64,")
-
-
-def _invalid(param: str, reason: str) -> ApiError:
-    return ApiError(400, f"{param}: {reason}", param=param)
 
 
 def image_part(raw: Any, param: str) -> ImagePart:
@@ -33,13 +29,13 @@ def image_part(raw: Any, param: str) -> ImagePart:
     if not isinstance(url, str) or not (
         url.startswith(("http://", "https://")) or _DATA_URL.match(url)
     ):
-        raise _invalid(
+        raise invalid(
             param, "expected an http(s) URL or a data:image/...;base64,... URL of the image"
         )
     try:
         return ImagePart(url=url, detail=spec.get("detail"))
     except ValidationError as exc:
-        raise _invalid(param, exc.errors()[0]["msg"]) from None
+        raise invalid(param, exc.errors()[0]["msg"]) from None
 
 
 def message_images(message: ChatMessageIn, index: int) -> tuple[ImagePart, ...]:

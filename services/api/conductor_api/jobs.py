@@ -9,7 +9,7 @@ import json
 import re
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -24,6 +24,7 @@ from conductor_api.reads import (
     MAX_PAGE_SIZE,
     MAX_SEQUENCE,
     WorkflowFilter,
+    as_utc,
     list_workflows,
     load_events,
     load_workflow,
@@ -171,8 +172,8 @@ async def list_jobs(
         status=status,
         variant=variant,
         labels=labels,
-        created_after=_aware(created_after),
-        created_before=_aware(created_before),
+        created_after=as_utc(created_after),
+        created_before=as_utc(created_before),
         search=q,
     )
     service: WorkflowService = request.app.state.service
@@ -188,13 +189,6 @@ async def list_jobs(
         last_id=page[-1].id if page else None,
         has_more=has_more,
     )
-
-
-def _aware(moment: datetime | None) -> datetime | None:
-    """A time without a zone is taken as UTC, as the stored times are."""
-    if moment is None or moment.tzinfo is not None:
-        return moment
-    return moment.replace(tzinfo=UTC)
 
 
 @router.get("/{workflow_id}", response_model=WorkflowView)

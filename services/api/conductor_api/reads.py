@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, RowMapping, and_, bindparam, exists, func, or_, select, update
@@ -229,6 +229,13 @@ def find_idempotent(engine: Engine, tenant: str, key: str) -> Idempotent | None:
     with engine.connect() as conn:
         row = conn.execute(query).first()
     return None if row is None else Idempotent(row.id, row.request_hash, row.status)
+
+
+def as_utc(moment: datetime | None) -> datetime | None:
+    """A time a client sent without a zone is taken as UTC, as the stored times are."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ from conductor_api.chat import (
     workflow_failed,
     workflow_progress,
 )
-from conductor_api.errors import ApiError, not_found, unsupported
+from conductor_api.errors import ApiError, invalid, not_found, unsupported
 from conductor_api.images import check_images
 from conductor_api.metrics import ApiMetrics
 from conductor_api.reads import load_workflow
@@ -76,7 +76,6 @@ from conductor_api.responses_request import (
     conversation,
     first_image,
     input_items,
-    invalid,
     question,
     text_answer_format,
     turns,

@@ -15,7 +15,7 @@ from conductor.answer_format import AnswerFormat
 from conductor.orchestration import MAX_QUESTION_CHARS
 from conductor_adapters.store.responses import StoredResponse
 from conductor_api.chat import render_question
-from conductor_api.errors import ApiError, unsupported
+from conductor_api.errors import ApiError, invalid, unsupported
 from conductor_api.images import IMAGE_PART, image_part
 from conductor_api.responses_schemas import ResponseCreateRequest
 from conductor_api.schemas import MAX_MESSAGES, ChatMessageIn, ContentPart
@@ -33,10 +33,6 @@ _REFUSED = {
     "prompt_cache_options": "prompt cache options are not supported",
     "prompt_cache_retention": "prompt cache retention is not supported",
 }
-
-
-def invalid(param: str, message: str) -> ApiError:
-    return ApiError(400, f"{param}: {message}", param=param)
 
 
 def _blank(value: Any) -> bool:

@@ -24,6 +24,7 @@ from sqlalchemy import Engine, select
 from conductor_adapters.store.models import step_table, workflow_table
 from conductor_api.auth import CallerDep
 from conductor_api.errors import ApiError, without_addresses
+from conductor_api.reads import as_utc
 from conductor_api.service import WorkflowService
 
 router = APIRouter(prefix="/v1/stats", tags=["Job API"])
@@ -190,12 +191,6 @@ def _by_worker(rows: Iterable[Any], bucket: Bucket) -> list[WorkerBucket]:
     ]
 
 
-def _aware(moment: datetime | None) -> datetime | None:
-    if moment is None or moment.tzinfo is not None:
-        return moment
-    return moment.replace(tzinfo=UTC)
-
-
 @router.get("", response_model=Stats)
 async def stats(
     request: Request,
@@ -208,9 +203,9 @@ async def stats(
 ) -> Stats:
     """The key's tenant's workflows created in the span: totals, series by variant and by
     worker, failure reasons, latency percentiles."""
-    until = _aware(created_before) or datetime.now(UTC)
+    until = as_utc(created_before) or datetime.now(UTC)
     try:
-        since = _aware(created_after) or until - DEFAULT_SPAN
+        since = as_utc(created_after) or until - DEFAULT_SPAN
     except OverflowError:  # a created_before in the first week of year 1
         raise ApiError(400, "created_before: too early", param="created_before") from None
     if since >= until:

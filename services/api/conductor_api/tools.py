@@ -17,14 +17,10 @@ from pydantic import ValidationError
 
 from conductor.chat import ToolCall, ToolSpec, ToolUse
 from conductor.pool import TOOL_CALLING_PROVIDERS, WorkerSpec
-from conductor_api.errors import ApiError, unsupported
+from conductor_api.errors import ApiError, invalid, unsupported
 
 CHOICES = ("auto", "none", "required")
 TOOL_WORKERS = ", ".join(sorted(p.value for p in TOOL_CALLING_PROVIDERS))
-
-
-def invalid(param: str, reason: str) -> ApiError:
-    return ApiError(400, f"{param}: {reason}", param=param)
 
 
 def _tool_spec(function: Any, param: str) -> ToolSpec:
