@@ -9,8 +9,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from fakes.api_fixture import NARROW_S, Api
+
+# A hundred jobs through a worker taking two calls at once: seconds of waiting, on both runtimes.
+pytestmark = [pytest.mark.slow]
 
 BUSY_JOBS = 100
 
