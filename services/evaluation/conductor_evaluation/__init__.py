@@ -8,6 +8,13 @@ items, verifiers, simulator and reward); the modules themselves are this package
 from conductor_evaluation.datasets import load_suite
 from conductor_evaluation.harness import resolve_pool
 from conductor_evaluation.items import AnswerKind, Domain, EvalItem, Verdict
+from conductor_evaluation.outcomes import (
+    Outcome,
+    OutcomeRow,
+    OutcomeTable,
+    read_outcome_table,
+    write_outcome_table,
+)
 from conductor_evaluation.results import ItemResult, ResultStore
 from conductor_evaluation.reward import INVALID, method_reward
 from conductor_evaluation.sim import simulating
@@ -21,14 +28,19 @@ __all__ = [
     "Domain",
     "EvalItem",
     "ItemResult",
+    "Outcome",
+    "OutcomeRow",
+    "OutcomeTable",
     "ResultStore",
     "Verdict",
     "given_outcome",
     "is_held_out",
     "load_suite",
     "method_reward",
+    "read_outcome_table",
     "resolve_pool",
     "simulating",
     "split_items",
     "verify",
+    "write_outcome_table",
 ]
