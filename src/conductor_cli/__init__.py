@@ -15,6 +15,7 @@ from conductor_cli.db import db_app
 from conductor_cli.eval import eval_command
 from conductor_cli.gateway import gateway
 from conductor_cli.keys import keys_app
+from conductor_cli.outcomes import outcomes_app
 from conductor_cli.planner import planner
 from conductor_cli.pool import pool
 from conductor_cli.router import router_app
@@ -42,6 +43,7 @@ app.command(name="eval")(eval_command)
 app.command(name="train")(train_command)
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
+app.add_typer(outcomes_app, name="outcomes")
 app.add_typer(router_app, name="router")
 app.add_typer(traces_app, name="traces")
 

@@ -7,6 +7,15 @@ items, verifiers, simulator and reward); the modules themselves are this package
 
 from conductor_evaluation.datasets import load_suite
 from conductor_evaluation.harness import resolve_pool
+from conductor_evaluation.importers import (
+    ROUTERDC_PRICES,
+    SOURCES,
+    Imported,
+    Price,
+    Source,
+    import_outcomes,
+    read_prices,
+)
 from conductor_evaluation.items import AnswerKind, Domain, EvalItem, Verdict
 from conductor_evaluation.outcomes import (
     Outcome,
@@ -24,20 +33,27 @@ from conductor_evaluation.verify import verify
 
 __all__ = [
     "INVALID",
+    "ROUTERDC_PRICES",
+    "SOURCES",
     "AnswerKind",
     "Domain",
     "EvalItem",
+    "Imported",
     "ItemResult",
     "Outcome",
     "OutcomeRow",
     "OutcomeTable",
+    "Price",
     "ResultStore",
+    "Source",
     "Verdict",
     "given_outcome",
+    "import_outcomes",
     "is_held_out",
     "load_suite",
     "method_reward",
     "read_outcome_table",
+    "read_prices",
     "resolve_pool",
     "simulating",
     "split_items",
