@@ -26,7 +26,7 @@ def import_command(
     files: list[str] = typer.Argument(  # noqa: B008 (typer's way to declare a list)
         ...,
         help="The files to import, combined into one table.",
-        metavar="FILE...",
+        metavar="FILE",
         show_default=False,
     ),
     source: str = typer.Option(
@@ -61,9 +61,11 @@ def import_command(
         show_default=False,
     ),
 ) -> None:
-    """Convert RouterBench or RouterDC files (or merge outcome tables) into one outcome table,
-    and print what it holds: questions per split and domain, and per worker the questions
-    recorded, the mean score and the mean cost per 1,000 questions."""
+    """Convert RouterBench or RouterDC files, or merge outcome tables, into one table.
+
+    Prints what it holds: questions per domain and split, and per worker the questions with a
+    recorded score, the mean score and the mean cost per 1,000 questions. A file that does not
+    fit is refused (exit 2) naming the file, line and field, and nothing is written."""
     from conductor_evaluation import SOURCES, import_outcomes, read_prices, write_outcome_table
 
     if source not in SOURCES:

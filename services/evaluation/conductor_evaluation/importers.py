@@ -37,7 +37,8 @@ class Price:
     output: float
 
     def estimate(self, question: str) -> float:
-        """USD for one answer to ``question``, from estimated token counts (see below)."""
+        """USD for one answer to ``question``, from token counts estimated with
+        CHARS_PER_TOKEN and COMPLETION_TOKENS."""
         prompt_tokens = math.ceil(len(question) / CHARS_PER_TOKEN)
         return (prompt_tokens * self.input + COMPLETION_TOKENS * self.output) / 1_000_000
 
@@ -107,7 +108,10 @@ def import_outcomes(
     else:
         placed = (p for path in paths for p in _table_file(path, split))
     # RouterBench records some questions on two rows, each model scored on one of them.
-    return _combine(placed, merge_split_rows=source == "routerbench")
+    imported = _combine(placed, merge_split_rows=source == "routerbench")
+    if not imported.rows:
+        raise ConfigurationError(f"{', '.join(map(str, paths))}: no questions")
+    return imported
 
 
 def read_prices(path: Path) -> dict[str, Price]:
@@ -193,6 +197,8 @@ def _merge_conflict(first: OutcomeRow, second: OutcomeRow) -> str:
 
 
 def _merged(first: OutcomeRow, second: OutcomeRow) -> OutcomeRow:
+    """The two rows as one: each worker's scored outcome, in the test split when either row
+    was (no router may train on a question it is judged on)."""
     outcomes = dict(first.outcomes)
     for worker, outcome in second.outcomes.items():
         have = outcomes.get(worker)
@@ -215,7 +221,7 @@ class _Header:
 def _routerbench_file(path: Path, split: Split | None) -> Iterator[_Placed]:
     """A RouterBench CSV: ``,sample_id,prompt,eval_name``, then per model a 0/1 score column
     (empty: not recorded), ``MODEL|model_response`` and ``MODEL|total_cost``."""
-    split = split or _split_suffix(path.stem, "_")[1]
+    split = split or _split_suffix(path.stem, "_-")[1]
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # prompts with few-shot examples are long
     with _open_text(path) as handle:
         reader = csv.reader(handle)
