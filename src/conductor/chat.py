@@ -129,3 +129,6 @@ class Completion(BaseModel):
     model: str = ""
     finish_reason: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()  # the functions the model asks the client to run
+    # What the call cost when the worker knows it better than the pool's price (a replayed
+    # call's recorded cost); None: the gateway prices the usage.
+    cost_usd: float | None = Field(default=None, ge=0)

@@ -41,11 +41,14 @@ class Provider(StrEnum):
     # A simulator, not an LLM: answers evaluation items right with per-domain probabilities
     # (conductor_evaluation.sim). For evaluating and training orchestration at zero cost.
     SIM = "sim"
+    # Recorded answers of real LLMs, not calls: answers evaluation items of an outcome table
+    # with what the worker answered then, at its recorded cost (conductor_evaluation.replay).
+    REPLAY = "replay"
 
 
 # Providers whose workers take tools (function calling) on a direct call: their adapters carry
 # tools, calls and results in the vendor's own wire format. The embedded llama.cpp engine has
-# no tool calling; a simulator answers evaluation items only.
+# no tool calling; a simulator or a replay answers evaluation items only.
 TOOL_CALLING_PROVIDERS = frozenset(
     {Provider.OPENAI, Provider.OPENAI_COMPATIBLE, Provider.ANTHROPIC, Provider.GEMINI}
 )
@@ -174,6 +177,9 @@ class WorkerSpec(BaseModel):
     stream: bool = Field(default=False, strict=True)
     # Provider ``sim`` only: how the simulated worker answers.
     sim: SimProfile | None = None
+    # Provider ``replay`` only: the outcome table (a path) whose recorded answers of ``model``
+    # the worker gives.
+    table: str | None = Field(default=None, min_length=1)
 
     @field_validator("name")
     @classmethod
@@ -186,16 +192,24 @@ class WorkerSpec(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _check_sim(self) -> WorkerSpec:
+    def _check_provider_sections(self) -> WorkerSpec:
         if self.provider is Provider.SIM and self.sim is None:
             raise ValueError("provider 'sim' needs a 'sim' section (skills, check_gain, ...)")
         if self.provider is not Provider.SIM and self.sim is not None:
             raise ValueError("a 'sim' section belongs to provider 'sim' workers only")
+        if self.provider is Provider.REPLAY and self.table is None:
+            raise ValueError("provider 'replay' needs 'table' (the path of an outcome table)")
+        if self.provider is not Provider.REPLAY and self.table is not None:
+            raise ValueError("'table' belongs to provider 'replay' workers only")
         return self
 
     @property
     def simulated(self) -> bool:
         return self.provider is Provider.SIM
+
+    @property
+    def replayed(self) -> bool:
+        return self.provider is Provider.REPLAY
 
     def resolved_base_url(self) -> str | None:
         return self.base_url or DEFAULT_BASE_URLS.get(self.provider)

@@ -25,6 +25,7 @@ class StreamEnd:
     usage: Usage
     finish_reason: str | None = None
     model: str = ""
+    cost_usd: float | None = None  # Completion.cost_usd, carried through a stream
 
 
 StreamEvent = TextDelta | StreamEnd
@@ -40,6 +41,7 @@ async def collect_stream(events: AsyncIterator[StreamEvent], provider: str) -> C
                 usage=event.usage,
                 model=event.model,
                 finish_reason=event.finish_reason,
+                cost_usd=event.cost_usd,
             )
         parts.append(event.text)
     received = sum(len(p) for p in parts)
@@ -62,4 +64,6 @@ class WholeAnswerStream:
     ) -> AsyncIterator[StreamEvent]:
         completion = await self.complete(messages, max_tokens=max_tokens, temperature=temperature)
         yield TextDelta(completion.text)
-        yield StreamEnd(completion.usage, completion.finish_reason, completion.model)
+        yield StreamEnd(
+            completion.usage, completion.finish_reason, completion.model, completion.cost_usd
+        )

@@ -22,7 +22,8 @@ def eval_command(
         "--suite",
         "-s",
         help="Comma-separated suites: gsm8k, math500, arc-challenge, arc-easy, mmlu, humaneval, "
-        "mbpp, rg:<reasoning-gym generator>, or a JSONL file (question, answer, kind).",
+        "mbpp, rg:<reasoning-gym generator>, table:<outcome table>[#domain] (judged by "
+        "recorded scores, with a replay pool), or a JSONL file (question, answer, kind).",
     ),
     limit: int = typer.Option(30, "--limit", "-n", min=1, help="Items per suite (seeded sample)."),
     strategies: str = typer.Option(
@@ -34,8 +35,9 @@ def eval_command(
     pool: str | None = typer.Option(
         None,
         "--pool",
-        help="'sim' for the built-in simulated pool, a pool YAML file, or unset for the "
-        "configured pool (CONDUCTOR_POOL_FILE, else the local model and keyed cloud workers).",
+        help="'sim' for the built-in simulated pool, 'replay:<outcome table>' for its recorded "
+        "workers, a pool YAML file, or unset for the configured pool (CONDUCTOR_POOL_FILE, "
+        "else the local model and keyed cloud workers).",
     ),
     out: str = typer.Option("eval-out", "--out", "-o", help="Report directory."),
     seed: int = typer.Option(0, "--seed", help="Seeds the item sample, random router and sim."),
@@ -109,6 +111,11 @@ def _print_summary(console: Console, document: dict[str, object]) -> None:
     assert isinstance(suites, dict)
     if document.get("simulated_workers"):
         console.print("[yellow]simulated workers (provider sim): not LLMs[/]")
+    if document.get("replay_workers"):
+        console.print(
+            "[yellow]replayed workers (provider replay): recorded answers, judged by recorded "
+            "scores; multi-step plans' figures are a lower bound[/]"
+        )
     for suite, rows in suites.items():
         table = Table(title=suite)
         for column in ("strategy", "accuracy", "95% CI", "tokens/q", "cost/q", "steps", "p50 s"):

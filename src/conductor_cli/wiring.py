@@ -58,12 +58,14 @@ def secret_variables(pool: Pool, settings: Settings) -> list[str]:
 
 def workers_for(pool: Pool, settings: Settings) -> dict[str, ChatWorker]:
     """Clients for the pool's callable workers; blocking (a local worker loads its model).
-    Simulated workers (provider ``sim``) come from the evaluation harness, which owns the
-    items they answer."""
+    Simulated and replayed workers (providers ``sim``, ``replay``) come from the evaluation
+    harness, which owns the items they answer."""
+    from conductor_evaluation.replay import ReplayWorker
     from conductor_evaluation.sim import SimWorker
 
     providers: Mapping[Provider, Callable[[WorkerSpec], ChatWorker]] = {
-        Provider.SIM: SimWorker.from_spec
+        Provider.SIM: SimWorker.from_spec,
+        Provider.REPLAY: ReplayWorker.from_spec,
     }
     return build_workers(pool, EngineOptions.from_settings(settings), providers=providers)
 

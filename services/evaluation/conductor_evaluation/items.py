@@ -26,6 +26,9 @@ class AnswerKind(StrEnum):
     REGEX = "regex"  # the response matches the reference regular expression
     CODE = "code"  # Python code that must pass ``tests`` in the sandbox
     REASONING_GYM = "reasoning-gym"  # scored by the reasoning-gym generator that made the item
+    # A question of an outcome table: no reference; a workflow is judged by the recorded score
+    # of the worker whose answer is final (conductor_evaluation.replay).
+    REPLAY = "replay"
 
 
 class EvalItem(BaseModel):
@@ -78,3 +81,6 @@ class Verdict(BaseModel):
     extracted: str | None = None
     # Why it was judged so, when that is not obvious: "no answer found", "timeout after 10 s".
     detail: str = ""
+    # 0 to 1 where the judgement is a recorded score (a replayed worker's, fractional where its
+    # source scored a share of sampled answers); None: ``correct`` says it all.
+    score: float | None = Field(default=None, ge=0, le=1)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
@@ -104,6 +105,13 @@ class OutcomeTable:
 
     def __iter__(self) -> Iterator[OutcomeRow]:
         return iter(self.rows)
+
+
+def worker_slug(name: str) -> str:
+    """A pool name for recorded worker ``name``: lowercase, the part after its last ``/``
+    (the vendor prefix goes), any character outside ``[a-z0-9._-]`` made ``-``. The caller
+    checks that it is a valid pool name and unique: slugs of two names can collide."""
+    return re.sub(r"[^a-z0-9._-]", "-", name.rsplit("/", 1)[-1].lower())
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:

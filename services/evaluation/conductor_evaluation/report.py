@@ -1,7 +1,12 @@
 """The evaluation report: per suite and strategy, accuracy with its confidence interval, tokens,
 cost, steps and latency, and how each strategy routed (which workers it used, how many steps,
 how often a step saw an earlier one's output); as Markdown (``report.md``) and JSON
-(``report.json``)."""
+(``report.json``).
+
+Accuracy is the mean score: 1 or 0 by a verifier, or a recorded score between (an outcome
+table's question). A table's question that a strategy's workflow could not replay (a worker it
+called has no recorded score there) is left out of that strategy's figures and counted apart.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from conductor_evaluation.results import ItemResult
+from conductor_evaluation.results import UNRECORDED, ItemResult
 from conductor_evaluation.reward import method_reward
 from conductor_evaluation.strategies import Kind, Strategy
 
@@ -25,9 +30,9 @@ ALL_SUITES = "all suites"
 class StrategyRow(BaseModel):
     strategy: str
     kind: str
-    n: int
-    correct: int
-    accuracy: float
+    n: int  # items scored (those not recorded are left out)
+    correct: int  # of them, judged right (a recorded score of 0.5 or more)
+    accuracy: float  # the mean score
     ci95: tuple[float, float]
     tokens_per_question: float
     cost_per_question_usd: float
@@ -38,6 +43,8 @@ class StrategyRow(BaseModel):
     plan_valid_rate: float | None = None  # Conductor only
     # The training reward (0 invalid plan / 0.5 wrong / 1 right); baselines' plans are valid.
     mean_reward: float = 0.0
+    # Outcome tables' questions left out: a worker the workflow called was not recorded on them.
+    unrecorded: int = 0
 
 
 class RoutingRow(BaseModel):
@@ -53,8 +60,9 @@ class RoutingRow(BaseModel):
     sees_earlier_share: float
 
 
-def wilson(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval: honest at small n and at 0% or 100%, unlike the normal one."""
+def wilson(correct: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval: honest at small n and at 0% or 100%, unlike the normal one.
+    ``correct`` is the sum of the scores, fractional where scores are."""
     if n == 0:
         return (0.0, 0.0)
     p = correct / n
@@ -74,7 +82,8 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def oracle_results(results: Iterable[ItemResult], singles: Sequence[str]) -> list[ItemResult]:
-    """Per item, the best single worker: a right one (the cheapest), else the cheapest."""
+    """Per item, the best single worker: the highest score, the cheapest among equals; among
+    the workers recorded on it, for an outcome table's question."""
     by_item: dict[tuple[str, str], list[ItemResult]] = defaultdict(list)
     for r in results:
         if r.strategy in singles:
@@ -83,7 +92,8 @@ def oracle_results(results: Iterable[ItemResult], singles: Sequence[str]) -> lis
     for runs in by_item.values():
         if len(runs) < len(singles):
             continue  # not every worker has answered it yet
-        pick = min(runs, key=lambda r: (not r.correct, r.cost_usd, r.tokens))
+        recorded = [r for r in runs if r.status != UNRECORDED]
+        pick = min(recorded or runs, key=lambda r: (-r.value, r.cost_usd, r.tokens))
         out.append(pick.model_copy(update={"strategy": "oracle"}))
     return out
 
@@ -121,6 +131,8 @@ def routing(
     """Per suite, in the summary's order, how each strategy's plans used ``workers``."""
     grouped: dict[tuple[str, str], list[ItemResult]] = defaultdict(list)
     for r in results:
+        if r.status == UNRECORDED:
+            continue  # left out of the figures, as in the summary
         grouped[(r.suite, r.strategy)].append(r)
         grouped[(ALL_SUITES, r.strategy)].append(r)  # read only when the summary pools
     table: dict[str, list[RoutingRow]] = {}
@@ -143,18 +155,19 @@ def routing(
     return table
 
 
-def _row(name: str, kind: Kind, rows: list[ItemResult]) -> StrategyRow:
+def _row(name: str, kind: Kind, runs: list[ItemResult]) -> StrategyRow:
+    rows = [r for r in runs if r.status != UNRECORDED]
     n = len(rows)
-    correct = sum(r.correct for r in rows)
+    score = sum(r.value for r in rows)
     latencies = [r.latency_ms / 1000 for r in rows]
     valid = [r.plan_valid for r in rows if r.plan_valid is not None]
     return StrategyRow(
         strategy=name,
         kind=kind.value,
         n=n,
-        correct=correct,
-        accuracy=correct / n if n else 0.0,
-        ci95=wilson(correct, n),
+        correct=sum(r.correct for r in rows),
+        accuracy=score / n if n else 0.0,
+        ci95=wilson(score, n),
         tokens_per_question=sum(r.tokens for r in rows) / n if n else 0.0,
         cost_per_question_usd=sum(r.cost_usd for r in rows) / n if n else 0.0,
         steps_per_question=sum(r.steps for r in rows) / n if n else 0.0,
@@ -167,6 +180,7 @@ def _row(name: str, kind: Kind, rows: list[ItemResult]) -> StrategyRow:
             if n
             else 0.0
         ),
+        unrecorded=len(runs) - n,
     )
 
 
@@ -186,6 +200,20 @@ def render_markdown(
             "model quality.",
             "",
         ]
+    replayed = meta.get("replay_workers") or []
+    if replayed:
+        lines += [
+            f"> **Replayed workers**: {', '.join(replayed)} are the `replay` provider: they "
+            "answer with what real LLMs answered, as recorded in an outcome table, at the "
+            "recorded cost, tokens and latency, and are not called. A workflow is judged by the "
+            "recorded score of the worker whose answer is final, not by a verifier. No outcome "
+            "was recorded for a worker shown other answers, so a step that checks or aggregates "
+            "earlier answers gains nothing from them: the figures of multi-step plans (MoA, "
+            "reflect, the Conductor's) are a lower bound. A question on which a workflow called "
+            "a worker without a recorded score is left out of that strategy's figures (not "
+            "recorded is not wrong; the `not recorded` column counts them).",
+            "",
+        ]
     lines += [
         f"- Pool: {meta['pool_label']} ({', '.join(meta['workers'])})",
         f"- Conductor: {meta['planner']}",
@@ -196,12 +224,15 @@ def render_markdown(
         "",
     ]
     for suite, rows in summary.items():
+        unrecorded = any(r.unrecorded for r in rows)
         lines += [
             f"## {suite}",
             "",
             "| strategy | accuracy | 95% CI | n | tokens/q | cost/q (USD) | steps/q "
-            "| latency p50 (s) | p95 (s) | failed | plan valid | reward |",
-            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| latency p50 (s) | p95 (s) | failed | plan valid | reward |"
+            + (" not recorded |" if unrecorded else ""),
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            + ("---:|" if unrecorded else ""),
         ]
         for r in rows:
             valid = "" if r.plan_valid_rate is None else f"{r.plan_valid_rate:.0%}"
@@ -210,13 +241,17 @@ def render_markdown(
                 f"| {r.tokens_per_question:,.0f} | {r.cost_per_question_usd:.6f} "
                 f"| {r.steps_per_question:.2f} | {r.latency_p50_s:.2f} | {r.latency_p95_s:.2f} "
                 f"| {r.failed} | {valid} | {r.mean_reward:.3f} |"
+                + (f" {r.unrecorded} |" if unrecorded else "")
             )
         lines.append("")
         lines += _routing_markdown(routed.get(suite, []), meta["workers"])
     lines += [
-        "Accuracy is the share of items whose final answer the suite's verifier accepts; a "
-        "workflow that failed counts as wrong. The oracle is, per item, the cheapest single "
-        "worker that was right (an upper bound for routing, not a strategy one can run). "
+        "Accuracy is the mean score of the items: 1 when the suite's verifier accepts the "
+        "final answer, else 0 (a workflow that failed counts 0); on an outcome table's "
+        "questions, the recorded score of the worker whose answer is final (between 0 and 1 "
+        "where its source scored a share of sampled answers). The oracle is, per item, the "
+        "single worker with the highest score, the cheapest among equals (an upper bound for "
+        "routing, not a strategy one can run). "
         "Reward is the method's training reward, averaged: 0 for a Conductor plan that does not "
         "parse or validate, 0.5 for a wrong answer, 1 for a right one. An invalid plan is "
         "replaced by one step on worker 0, so it can be right and still earn 0.",

@@ -17,6 +17,9 @@ from pydantic import BaseModel, ValidationError
 from conductor.errors import ConfigurationError
 
 RESULTS_FILE = "results.jsonl"
+# The status of an outcome table's question that a workflow called a worker on whose score there
+# is not recorded: it cannot be replayed, which is not a wrong answer, so figures leave it out.
+UNRECORDED = "unrecorded"
 RUN_FILE = "run.json"
 ANSWER_CHARS = 4000  # enough to read an answer back; long code answers are cut
 
@@ -26,7 +29,12 @@ class ItemResult(BaseModel):
     item_id: str
     strategy: str
     correct: bool
-    status: str  # the workflow's status: completed / failed; "error" when the harness failed
+    # The workflow's status: completed / failed; "error" when the harness failed; UNRECORDED.
+    status: str
+    # 0 to 1 where a recorded score judged it (an outcome table's question: the final worker's,
+    # fractional where its source scored a share of sampled answers); None: a verifier judged
+    # it, and ``correct`` is the score. Results written before scores existed have none.
+    score: float | None = None
     extracted: str | None = None  # what the verifier read as the answer
     detail: str = ""  # the verifier's or the workflow's explanation
     answer: str | None = None
@@ -40,6 +48,11 @@ class ItemResult(BaseModel):
     cost_usd: float = 0.0
     latency_ms: float = 0.0
     workflow_id: str | None = None
+
+    @property
+    def value(self) -> float:
+        """The score the figures average: the recorded one, else 1 right, 0 wrong."""
+        return float(self.correct) if self.score is None else self.score
 
     @property
     def tokens(self) -> int:

@@ -1,8 +1,9 @@
 """Runs an evaluation: every (item, strategy) as a workflow on one executor set-up and pool.
 
-Jobs run with bounded concurrency; each result is verified, written to the result store at
-once (so an interrupted run resumes where it stopped) and reported to a progress callback.
-A job that fails in the harness is recorded as wrong with its error; the run carries on.
+Jobs run with bounded concurrency; each result is verified (an outcome table's question: by
+the recorded score of the worker whose answer is final), written to the result store at once
+(so an interrupted run resumes where it stopped) and reported to a progress callback. A job
+that fails in the harness is recorded as wrong with its error; the run carries on.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from conductor.pool import Pool
 from conductor.ports import Planner, PlannerBackend, StepRunner
 from conductor.variants import Variant
 from conductor.workflow import StepKind, WorkflowRecord, WorkflowStatus
-from conductor_evaluation.items import EvalItem, Verdict
-from conductor_evaluation.results import ANSWER_CHARS, ItemResult, ResultStore
-from conductor_evaluation.sim import simulating
+from conductor_evaluation.items import AnswerKind, EvalItem, Verdict
+from conductor_evaluation.replay import replay_verdict, unrecorded_workers
+from conductor_evaluation.results import ANSWER_CHARS, UNRECORDED, ItemResult, ResultStore
+from conductor_evaluation.sim import evaluating
 from conductor_evaluation.strategies import FixedPlanner, Kind, Strategy, fixed_variant
 from conductor_evaluation.verify import verify
 
@@ -115,25 +117,44 @@ async def run_one(
     item: EvalItem, strategy: Strategy, runtime: EvalRuntime, *, seed: int
 ) -> ItemResult:
     executor, variant = runtime.executor_for(strategy)
-    with simulating(item, seed):
+    status: str | None = None
+    with evaluating(item, seed):
         workflow = await executor.run(item.question, variant)
         if workflow.status is WorkflowStatus.COMPLETED:
-            verdict = await verify(item, workflow.answer)
+            if item.kind is AnswerKind.REPLAY:
+                verdict = replay_verdict(item, workflow, runtime.pool)
+            else:
+                verdict = await verify(item, workflow.answer)
         else:
             verdict = Verdict(correct=False, detail=workflow.error or "the workflow failed")
-    return item_result(item, strategy, workflow, verdict)
+            if item.kind is AnswerKind.REPLAY:
+                missing = unrecorded_workers(item, workflow, runtime.pool)
+                if missing:
+                    status = UNRECORDED
+                    verdict = Verdict(
+                        correct=False,
+                        detail=f"not recorded on this question: {', '.join(missing)}",
+                    )
+    return item_result(item, strategy, workflow, verdict, status=status)
 
 
 def item_result(
-    item: EvalItem, strategy: Strategy, workflow: WorkflowRecord, verdict: Verdict
+    item: EvalItem,
+    strategy: Strategy,
+    workflow: WorkflowRecord,
+    verdict: Verdict,
+    *,
+    status: str | None = None,
 ) -> ItemResult:
+    """``status`` overrides the workflow's (UNRECORDED)."""
     worker_steps = [s for s in workflow.steps if s.kind is StepKind.WORKER]
     return ItemResult(
         suite=item.suite,
         item_id=item.id,
         strategy=strategy.name,
         correct=verdict.correct,
-        status=workflow.status.value,
+        status=status or workflow.status.value,
+        score=verdict.score,
         extracted=None if verdict.extracted is None else verdict.extracted[:ANSWER_CHARS],
         detail=verdict.detail,
         answer=None if workflow.answer is None else workflow.answer[:ANSWER_CHARS],

@@ -7,7 +7,7 @@ number, another letter, a stub function). A step that sees earlier answers and i
 check them gains: when one of those answers is right, it is right with p + check_gain * (1 - p).
 Tokens, cost and latency follow the profile. It exists to evaluate and train orchestration at
 zero cost; every report says when it was used. It answers only the item the harness is
-evaluating (``simulating``).
+evaluating or training on (``evaluating``), as the ``replay`` provider does.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ CHECK_WORDS = re.compile(
 
 @dataclass(frozen=True)
 class SimTask:
-    """The item simulated workers answer in this context, and the seed of their dice."""
+    """The item that workers answering evaluation items only (``sim``, ``replay``) answer in
+    this context, and the seed of the simulator's dice."""
 
     item: EvalItem
     seed: int = 0
@@ -47,13 +48,22 @@ _CURRENT: ContextVar[SimTask | None] = ContextVar("conductor_sim_task", default=
 
 
 @contextmanager
-def simulating(item: EvalItem, seed: int = 0) -> Iterator[None]:
-    """Simulated workers called within (tasks started inside inherit it) answer ``item``."""
+def evaluating(item: EvalItem, seed: int = 0) -> Iterator[None]:
+    """Simulated and replayed workers called within (tasks started inside inherit it) answer
+    ``item``: they answer nothing else, having nothing real to answer with."""
     token = _CURRENT.set(SimTask(item, seed))
     try:
         yield
     finally:
         _CURRENT.reset(token)
+
+
+simulating = evaluating  # its first name, kept for its callers
+
+
+def evaluated_task() -> SimTask | None:
+    """The item being evaluated or trained on here, if any (``evaluating``)."""
+    return _CURRENT.get()
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,11 @@ async def simulate(worker: str, profile: SimProfile, messages: Sequence[ChatMess
             "(conductor eval, conductor train), and none is being evaluated here"
         )
     item = task.item
+    if item.kind is AnswerKind.REPLAY:
+        raise ProviderRejected(
+            f"worker {worker!r} is simulated: {item.key} is a question of an outcome table, "
+            "judged by recorded scores that a simulated answer does not have"
+        )
     subtask = next((m.content for m in reversed(messages) if m.role == "user"), "")
     seen = [m.content for m in messages if m.role == "assistant"]
     p = profile.chance(item.domain, item.difficulty)

@@ -7,7 +7,8 @@ retries, quotas and accounting, and the comparison is fair:
 - ``single:NAME``: one step on one worker (``single:*``: one strategy per worker).
 - ``reflect:NAME[:K]``: the worker answers, then reviews its own answer K times (default 2).
 - ``moa[:A+B+C>AGG]``: Mixture-of-Agents: proposers answer independently, an aggregator sees
-  them all and writes the answer (default: up to four workers, the priciest one aggregating).
+  them all and writes the answer (default: up to four workers, the priciest one aggregating;
+  among replayed workers, the one with the highest mean recorded cost).
 - ``random``: one step on a worker drawn at random per question (seeded).
 - ``router:FILE[:WEIGHT]``: one step on the worker a trained router (``conductor router
   train``) picks per question, at its file's cost weight or WEIGHT.
@@ -164,8 +165,14 @@ def _moa_workers(rest: str, pool: Pool, names: list[str], spec: str) -> tuple[st
     else:
         proposers = names[:MOA_MAX_PROPOSERS]
         # The priciest worker is taken as the strongest: the usual MoA set-up aggregates with
-        # the best model. Name them explicitly when price is a poor guide.
-        aggregator = max(pool.workers, key=lambda w: (w.price.output, w.price.input)).name
+        # the best model. Name them explicitly when price is a poor guide. Replayed workers
+        # have no price but a recorded cost: the costliest on average, among equal prices.
+        from conductor_evaluation.replay import mean_recorded_cost
+
+        aggregator = max(
+            pool.workers,
+            key=lambda w: (w.price.output, w.price.input, mean_recorded_cost(w)),
+        ).name
     if len(proposers) > MOA_MAX_PROPOSERS:
         raise ConfigurationError(f"{spec}: at most {MOA_MAX_PROPOSERS} proposers (5 steps)")
     return (*proposers, aggregator)

@@ -24,6 +24,12 @@ MAX_MATH_ANSWER_CHARS = 1000  # no real answer is longer, and sympy's cost grows
 
 async def verify(item: EvalItem, response: str | None) -> Verdict:
     """Judge ``response``; model output never makes this raise, only bugs and bad setups do."""
+    if item.kind is AnswerKind.REPLAY:
+        raise ValueError(
+            f"{item.key} is a question of an outcome table: it has no reference to check text "
+            "against; a workflow on it is judged by its final worker's recorded score "
+            "(conductor_evaluation.replay.replay_verdict)"
+        )
     if response is None or not response.strip():
         return Verdict(correct=False, detail="no response")
     if item.kind is AnswerKind.CODE:

@@ -225,7 +225,12 @@ class WorkerGateway:
             # Shielded: a cancelled step still frees its concurrency slot.
             await asyncio.shield(lease.settle(tokens))
         record.status, record.usage = "ok", completion.usage
-        record.cost_usd = spec.price.cost(completion.usage)
+        # A cost the worker knows (a recorded one, replayed) stands; otherwise the pool prices.
+        record.cost_usd = (
+            spec.price.cost(completion.usage)
+            if completion.cost_usd is None
+            else completion.cost_usd
+        )
         return completion
 
     async def _call_provider(self, spec: WorkerSpec, call: _Call) -> Completion:

@@ -24,7 +24,8 @@ def build_worker(
     providers: Mapping[Provider, WorkerFactory] | None = None,
 ) -> ChatWorker:
     """The adapter for one worker. ``providers`` supplies adapters built elsewhere: the
-    simulated provider ``sim`` belongs to the evaluation harness, which owns what it answers."""
+    simulated provider ``sim`` and the recorded one ``replay`` belong to the evaluation
+    harness, which owns what they answer."""
     if providers and spec.provider in providers:
         return providers[spec.provider](spec)
     match spec.provider:
@@ -42,6 +43,11 @@ def build_worker(
             raise ConfigurationError(
                 f"worker {spec.name!r} is simulated (provider 'sim'): this process was started "
                 "without the simulated provider"
+            )
+        case Provider.REPLAY:
+            raise ConfigurationError(
+                f"worker {spec.name!r} replays recorded answers (provider 'replay'): this process "
+                "was started without the replay provider"
             )
 
 
