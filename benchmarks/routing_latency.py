@@ -28,12 +28,12 @@ import numpy as np
 from conductor.ports import PlanRequest
 from conductor.variants import BUILTIN_VARIANTS
 from conductor.workflow import PoolEntry
-from conductor_adapters.router import Router, RouterModel, WorkerHead
 from conductor_adapters.settings import get_settings
 from conductor_cli.wiring import planner_backend
 from conductor_evaluation.datasets import load_suite
 from conductor_evaluation.sim import builtin_sim_pool
 from conductor_planner import ConductorPlanner
+from conductor_router import Router, RouterModel, WorkerHead
 
 MINI = BUILTIN_VARIANTS["conductor-mini"]
 

@@ -54,9 +54,8 @@ def train(
     (router.report.json, router.report.png) beside it. Trace items tell how one worker
     did: when no held-out item was run by every worker, the router is fitted and the report says
     it could not be judged."""
-    from conductor_adapters.embedding import QuestionEmbedder
-    from conductor_adapters.router import save_router_model
-    from conductor_trainer.router import combine_routing_data, routing_data, train_router
+    from conductor_router import QuestionEmbedder, save_router_model
+    from conductor_trainer.routing_data import combine_routing_data, routing_data, train_router
     from conductor_trainer.trace_routing import trace_routing_data
 
     console = stderr_console()

@@ -451,9 +451,13 @@ async def test_held_out_evaluation_scores_only_items_training_never_sees(tmp_pat
 async def test_a_knn_router_file_runs_as_a_strategy(tmp_path: Path) -> None:
     """``router:FILE`` runs the knn baseline's file as it runs the router's: each question goes
     to the worker that was right on its nearest training question."""
-    from conductor_adapters.embedding import QuestionEmbedder
-    from conductor_adapters.packed_array import PackedArray
-    from conductor_adapters.router import RouterModel, WorkerHead, save_router_model
+    from conductor_router import (
+        PackedArray,
+        QuestionEmbedder,
+        RouterModel,
+        WorkerHead,
+        save_router_model,
+    )
 
     taught = {
         "Tom has 3 apples and buys 5 bags of 4 apples. How many apples does he have?": "sim-math",

@@ -20,15 +20,15 @@ from conductor.errors import ConfigurationError, WorkerUnavailable
 from conductor.executor import WorkflowExecutor
 from conductor.pool import Price
 from conductor.variants import BUILTIN_VARIANTS
-from conductor_adapters.router import load_router_model
 from conductor_adapters.store.db import make_engine
 from conductor_adapters.store.models import WorkflowRow
 from conductor_adapters.store.traces import TraceStore
 from conductor_evaluation import ItemResult, is_held_out
 from conductor_planner import ConductorPlanner
+from conductor_router import load_router_model
 from conductor_trainer import export as export_module
 from conductor_trainer.export import export_rows
-from conductor_trainer.router import combine_routing_data, routing_data, train_router
+from conductor_trainer.routing_data import combine_routing_data, routing_data, train_router
 from conductor_trainer.trace_routing import (
     DUPLICATE,
     NOT_COMPLETED,
@@ -246,7 +246,7 @@ def _traces(tmp_path: Path, count: int) -> Path:
 
 
 def test_trace_labels_join_evaluation_results_and_split_by_workflow(tmp_path: Path) -> None:
-    from conductor_adapters.embedding import QuestionEmbedder
+    from conductor_router import QuestionEmbedder
 
     evaluated = routing_data([_eval_dir(tmp_path, 40)])
     traced, _ = trace_routing_data([_traces(tmp_path, 40)])
@@ -285,7 +285,7 @@ def test_trace_labels_join_evaluation_results_and_split_by_workflow(tmp_path: Pa
 
 def _only(data: Any, workers: list[str]) -> Any:
     """``data`` without the items of other workers."""
-    from conductor_trainer.router import RoutingData
+    from conductor_trainer.routing_data import RoutingData
 
     columns = [data.workers.index(w) for w in workers]
     keep = ~np.isnan(data.right[:, columns]).all(axis=1)
@@ -331,7 +331,7 @@ def test_router_train_learns_from_traces_alone_and_says_it_cannot_judge(tmp_path
 def test_baselines_average_only_the_known_results() -> None:
     """knn and cluster score a worker by the results known in a neighbourhood: a traced
     question another worker ran says nothing about this one (it is not a wrong answer)."""
-    from conductor_adapters.router import known_mean
+    from conductor_router import known_mean
 
     right = np.array([[1.0, 0.0], [0.0, 0.0], [1.0, 0.0]])
     known = np.array([[True, False], [True, True], [False, False]])

@@ -36,7 +36,7 @@ from conductor.variants import MAX_STEPS_LIMIT, Variant
 from conductor.workflow import ALL, AccessEntry, Plan, PlanOutcome, PlanStep
 
 if TYPE_CHECKING:  # the router needs the router extra (numpy, WordLlama): imported when used
-    from conductor_adapters.router import Router
+    from conductor_router import Router
 
 SOLVE = "Solve the question and give the final answer in the format the question asks for."
 REVIEW = (
@@ -142,7 +142,7 @@ def _router_strategy(rest: str, names: list[str], spec: str, seed: int) -> Strat
         weight, path_text = float(tail), head
     if weight is not None and not (math.isfinite(weight) and weight >= 0):
         raise ConfigurationError(f"{spec}: the cost weight must be a number >= 0")
-    from conductor_adapters.router import load_router_model
+    from conductor_router import load_router_model
 
     path = Path(path_text)
     model = load_router_model(path)
@@ -230,7 +230,7 @@ class FixedPlanner:
         self.strategy = strategy
         self._router: Router | None = None
         if strategy.router is not None:
-            from conductor_adapters.router import Router
+            from conductor_router import Router
 
             self._router = Router.load(strategy.router)
 

@@ -35,7 +35,7 @@ from conductor.workflow import Plan, PlanOutcome, PlanStep
 from conductor_adapters.settings import Settings
 
 if TYPE_CHECKING:  # the router needs the router extra (numpy, WordLlama): loaded only when set
-    from conductor_adapters.router import Router
+    from conductor_router import Router
 
 ROUTER_BACKEND = "router"
 
@@ -46,7 +46,7 @@ def load_router(settings: Settings) -> Router | None:
     if not settings.router_model:
         return None
     try:
-        from conductor_adapters.router import Router
+        from conductor_router import Router
     except ImportError as exc:
         raise ConfigurationError(
             f"CONDUCTOR_ROUTER_MODEL needs the router's packages ({exc.name} is missing): "

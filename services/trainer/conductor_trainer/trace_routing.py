@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from conductor.errors import ConfigurationError, validation_problems
 from conductor_evaluation import AnswerKind, EvalItem, verify
 from conductor_trainer.export import suite_row
-from conductor_trainer.router import RoutingData
+from conductor_trainer.routing_data import RoutingData
 
 TRACES_SUITE = "traces"
 

@@ -21,10 +21,13 @@ from openai import OpenAI
 from conductor.errors import ConfigurationError
 from conductor.ports import PlanRequest
 from conductor.workflow import PoolEntry
-from conductor_adapters.packed_array import PackedArray
-from conductor_adapters.question_features import QUESTION_FEATURES
-from conductor_adapters.router import (
+from conductor_evaluation import EvalItem, is_held_out
+from conductor_planner import ConductorPlanner
+from conductor_router import (
+    EMBEDDER_NAME,
+    QUESTION_FEATURES,
     HeadKind,
+    PackedArray,
     Router,
     RouterModel,
     WorkerHead,
@@ -32,9 +35,7 @@ from conductor_adapters.router import (
     load_router_model,
     save_router_model,
 )
-from conductor_evaluation import EvalItem, is_held_out
-from conductor_planner import ConductorPlanner
-from conductor_trainer.router import RoutingData, curve_area, train_router
+from conductor_trainer.routing_data import RoutingData, curve_area, train_router
 
 from fakes.api_process import announced_addresses, start_api_role
 from fakes.cli import run_conductor
@@ -483,7 +484,7 @@ def test_router_train_learns_from_an_evaluation_and_serves_what_it_measured(
     assert router.model.cost_weight == 0.02
     assert set(router.names) == {"sim-frontier", "sim-math", "sim-coder", "sim-small"}
 
-    from conductor_trainer.router import routing_data
+    from conductor_trainer.routing_data import routing_data
 
     data = routing_data([evaluated])
     held = _judged_items(data)
@@ -550,7 +551,6 @@ async def test_the_planner_service_routes_over_grpc_as_distributed_mode_asks(
     tmp_path: Path,
 ) -> None:
     """``conductor planner`` with a router file: a one-step Plan over gRPC is the router's."""
-    from conductor_adapters.embedding import EMBEDDER_NAME
     from conductor_adapters.rpc.planner_client import GrpcPlanner
     from conductor_adapters.settings import Settings
 
@@ -683,7 +683,7 @@ def test_the_same_items_evaluated_twice_count_as_their_share_of_right_answers(
     tmp_path: Path,
 ) -> None:
     from conductor_evaluation import ItemResult
-    from conductor_trainer.router import routing_data
+    from conductor_trainer.routing_data import routing_data
 
     items = tmp_path / "items.jsonl"
     items.write_text(

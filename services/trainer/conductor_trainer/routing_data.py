@@ -10,7 +10,7 @@ beat: each worker alone, a random pick, the oracle (per item the cheapest worker
 right: an upper bound), and two baselines fitted on the same embeddings and items: ``knn`` (the
 best worker of the 15 nearest training questions) and ``cluster`` (k-means on the embeddings,
 the best worker of each cluster, as Avengers-Pro does). The baselines are router files of their
-own (conductor_adapters.router serves all three), and the report scores each through the same
+own (conductor_router serves all three), and the report scores each through the same
 ``Router`` that serving and ``conductor eval --strategies router:FILE`` use. Every router is
 swept over cost weights, giving its accuracy/cost curve; the area under it (accuracy integrated
 over cost up to the dearest worker's, divided by that cost) compares routers over the whole
@@ -33,17 +33,18 @@ import numpy as np
 import numpy.typing as npt
 
 from conductor.errors import ConfigurationError
-from conductor_adapters.embedding import QuestionEmbedder
-from conductor_adapters.packed_array import PackedArray
-from conductor_adapters.question_features import QUESTION_FEATURES, question_features
-from conductor_adapters.router import (
+from conductor_evaluation import EvalItem, ItemResult, ResultStore, is_held_out, load_suite
+from conductor_router import (
     PER_QUESTIONS,
+    QUESTION_FEATURES,
+    PackedArray,
+    QuestionEmbedder,
     Router,
     RouterModel,
     WorkerHead,
     known_mean,
+    question_features,
 )
-from conductor_evaluation import EvalItem, ItemResult, ResultStore, is_held_out, load_suite
 
 SINGLE = "single:"
 # Inverse regularisation of each logistic head, chosen by the curve area in 5-fold

@@ -6,7 +6,7 @@ The chance comes from one of three kinds of head, named by the file's ``head``:
 
 - ``logistic`` (the router): per worker a logistic regression trained by scikit-learn on that
   worker's right and wrong answers, reading the embedding and a few standardised features of
-  the question's text (conductor_adapters.question_features);
+  the question's text (conductor_router.text_features);
 - ``knn`` (a baseline): per worker the mean share of right answers of the ``neighbours``
   training questions nearest in the embedding, over those whose result for the worker is known
   (none known: the worker's mean over all training questions);
@@ -36,9 +36,9 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from conductor.errors import ConfigurationError, validation_problems
-from conductor_adapters.embedding import EMBEDDER_NAME, ROUTER_INSTALL, QuestionEmbedder
-from conductor_adapters.packed_array import PackedArray
-from conductor_adapters.question_features import QUESTION_FEATURES, question_features
+from conductor_router.embedding import EMBEDDER_NAME, ROUTER_INSTALL, QuestionEmbedder
+from conductor_router.packed_array import PackedArray
+from conductor_router.text_features import QUESTION_FEATURES, question_features
 
 ROUTER_FORMAT = "conductor-router/2"
 # Version 1: the embedding only (no text features); still served as it was.
