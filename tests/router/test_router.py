@@ -31,11 +31,12 @@ from conductor_router import (
     Router,
     RouterModel,
     WorkerHead,
+    curve_area,
     known_mean,
     load_router_model,
     save_router_model,
 )
-from conductor_trainer.routing_data import RoutingData, curve_area, train_router
+from conductor_trainer.routing_data import RoutingData, train_router
 
 from fakes.api_process import announced_addresses, start_api_role
 from fakes.cli import run_conductor

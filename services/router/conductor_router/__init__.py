@@ -1,26 +1,27 @@
-"""conductor-mini's learned router: a model, not an adapter. Its file format and serving
-(``model``), the question's embedding and text features.
+"""conductor-mini's learned router: a model, not an adapter. Its file format (``model``), the
+question's embedding and text features, fitting the router and its knn and cluster baselines
+from arrays (``fitting``), the held-out report (``report``) and serving (``serving``: the
+worker a question goes to).
 
-It reads only the core, numpy and pydantic (WordLlama where it is used: the router extra). The
-planner and the evaluation serve it, the trainer fits it from evaluation results and traces;
-what they may use is exported here, the modules are this package's own.
+It reads only the core, numpy and pydantic (scikit-learn and WordLlama where they are used:
+the router extra). The planner and the evaluation serve it, the trainer fits it from evaluation
+results and traces; what they may use is exported here, the modules are this package's own.
 """
 
 from conductor_router.embedding import EMBEDDER_NAME, ROUTER_INSTALL, QuestionEmbedder
+from conductor_router.fitting import Progress, embed_questions, fit_routers
 from conductor_router.model import (
     PER_QUESTIONS,
     ROUTER_FORMAT,
     HeadKind,
-    Router,
     RouterModel,
-    RoutingDecision,
     WorkerHead,
-    WorkerScore,
-    known_mean,
     load_router_model,
     save_router_model,
 )
 from conductor_router.packed_array import PackedArray
+from conductor_router.report import curve_area, held_out_report
+from conductor_router.serving import Router, RoutingDecision, WorkerScore, known_mean
 from conductor_router.text_features import QUESTION_FEATURES, question_features
 
 __all__ = [
@@ -31,12 +32,17 @@ __all__ = [
     "ROUTER_INSTALL",
     "HeadKind",
     "PackedArray",
+    "Progress",
     "QuestionEmbedder",
     "Router",
     "RouterModel",
     "RoutingDecision",
     "WorkerHead",
     "WorkerScore",
+    "curve_area",
+    "embed_questions",
+    "fit_routers",
+    "held_out_report",
     "known_mean",
     "load_router_model",
     "question_features",

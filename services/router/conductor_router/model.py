@@ -1,44 +1,33 @@
-"""A trained router: a question's embedding -> per worker, the chance of a right answer and the
-expected cost -> the worker that maximises chance minus ``cost_weight`` times cost, among the
-workers a request may use.
+"""A router file: what ``conductor router train`` writes and serving loads.
 
-The chance comes from one of three kinds of head, named by the file's ``head``:
+A file holds one of three kinds of head, named by its ``head``:
 
-- ``logistic`` (the router): per worker a logistic regression trained by scikit-learn on that
-  worker's right and wrong answers, reading the embedding and a few standardised features of
-  the question's text (conductor_router.text_features);
-- ``knn`` (a baseline): per worker the mean share of right answers of the ``neighbours``
-  training questions nearest in the embedding, over those whose result for the worker is known
-  (none known: the worker's mean over all training questions);
-- ``cluster`` (a baseline, as Avengers-Pro routes): per worker the share of right answers of
-  the training questions of the nearest k-means centroid.
+- ``logistic`` (the router): per worker the coefficients of a logistic regression over the
+  question's embedding and a few standardised features of its text (``text_features``);
+- ``knn`` (a baseline): the training questions' embeddings and, per question and worker, the
+  share of right answers (NaN where unknown), with how many nearest questions are averaged;
+- ``cluster`` (a baseline, as Avengers-Pro routes): k-means centroids of the training questions
+  and per centroid and worker the share of right answers.
 
-Each worker is scored on its own, so any subset of the pool is scored exactly as the full pool
-is: a worker left out changes nothing about the others' scores. The file is JSON (coefficients,
-or embeddings packed as base64; never a pickle, so loading a router file runs no code from it);
-a file that is not a router of a known version, or whose shapes disagree, is refused with the
+Every head keeps its worker's mean cost per question. The file is JSON (coefficients, or
+embeddings packed as base64; never a pickle, so loading a router file runs no code from it); a
+file that is not a router of a known version, or whose shapes disagree, is refused with the
 reason.
-
-Cost is in USD per 1,000 questions, so ``cost_weight`` reads as: how much chance of a right
-answer one would give up to save a dollar per thousand questions (0: accuracy only).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from conductor.errors import ConfigurationError, validation_problems
-from conductor_router.embedding import EMBEDDER_NAME, ROUTER_INSTALL, QuestionEmbedder
+from conductor_router.embedding import EMBEDDER_NAME, ROUTER_INSTALL
 from conductor_router.packed_array import PackedArray
-from conductor_router.text_features import QUESTION_FEATURES, question_features
+from conductor_router.text_features import QUESTION_FEATURES
 
 ROUTER_FORMAT = "conductor-router/2"
 # Version 1: the embedding only (no text features); still served as it was.
@@ -153,146 +142,6 @@ class RouterModel(BaseModel):
             raise ValueError(f"a knn router needs neighbours between 1 and its {rows} points")
         if head == "cluster" and self.neighbours is not None:
             raise ValueError("a cluster router has no neighbours (knn routers do)")
-
-
-@dataclass(frozen=True)
-class WorkerScore:
-    p_right: float
-    cost_usd: float
-    utility: float
-
-
-@dataclass(frozen=True)
-class RoutingDecision:
-    worker: str
-    cost_weight: float
-    scores: dict[str, WorkerScore]  # every allowed worker the router knows
-
-    def as_record(self) -> dict[str, Any]:
-        """The decision as a trace records it."""
-        return {
-            "router": "learned",
-            "worker": self.worker,
-            "cost_weight": self.cost_weight,
-            "scores": {
-                name: {
-                    "p_right": round(s.p_right, 4),
-                    "cost_usd": s.cost_usd,
-                    "utility": round(s.utility, 4),
-                }
-                for name, s in self.scores.items()
-            },
-        }
-
-
-class Router:
-    def __init__(self, model: RouterModel, embedder: QuestionEmbedder | None = None) -> None:
-        self.model = model
-        self._embedder = embedder or QuestionEmbedder()
-        if self._embedder.name != model.embedder or self._embedder.dim != model.dim:
-            raise ConfigurationError(
-                f"the router was trained on {model.embedder} ({model.dim} dimensions); this "
-                f"embedder is {self._embedder.name} ({self._embedder.dim})"
-            )
-        self.names = [w.name for w in model.workers]
-        self._cost = np.array([w.cost_usd for w in model.workers], dtype=np.float64)
-        # The workers cheapest first (pool order among equals): the order ties are broken in.
-        self._by_cost = np.argsort(self._cost, kind="stable")
-        if model.head == "logistic":
-            self._coef = np.array([w.coef for w in model.workers], dtype=np.float64)
-            self._intercept = np.array([w.intercept for w in model.workers], dtype=np.float64)
-            self._feature_columns = [QUESTION_FEATURES.index(name) for name in model.features]
-            self._feature_mean = np.array(model.feature_mean, dtype=np.float64)
-            self._feature_scale = np.array(model.feature_scale, dtype=np.float64)
-        else:
-            assert model.points is not None  # validated
-            assert model.right is not None
-            self._points = model.points.array()
-            self._point_norms = (self._points**2).sum(axis=1)
-            right = model.right.array().astype(np.float64)
-            self._known = ~np.isnan(right)
-            self._right = np.where(self._known, right, 0.0)
-            self._prior = known_mean(self._right, self._known, np.zeros(len(self.names)))
-            self._neighbours = model.neighbours or 1
-
-    @classmethod
-    def load(cls, path: Path, embedder: QuestionEmbedder | None = None) -> Router:
-        return cls(load_router_model(path), embedder)
-
-    def p_right(
-        self, embeddings: npt.NDArray[np.float32], questions: Sequence[str]
-    ) -> npt.NDArray[np.float64]:
-        """(questions, workers): each head's chance of a right answer; ``embeddings`` are the
-        questions' own."""
-        if self.model.head != "logistic":
-            return self._from_nearest_points(embeddings)
-        inputs = embeddings.astype(np.float64)
-        if self._feature_columns:
-            raw = question_features(questions)[:, self._feature_columns]
-            inputs = np.hstack([inputs, (raw - self._feature_mean) / self._feature_scale])
-        logits = inputs @ self._coef.T + self._intercept
-        return 1.0 / (1.0 + np.exp(-logits))
-
-    def _from_nearest_points(self, embeddings: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
-        """knn: the known mean of the nearest points' shares; cluster: the nearest centroid's.
-        One question at a time, as serving asks, so that a batch (the training report) finds
-        the same nearest points bit for bit: a matrix product may round otherwise."""
-        k = self._neighbours
-        rows = []
-        for question in embeddings.astype(np.float32):
-            # Squared Euclidean distance less |question|^2, the same for every point.
-            distance = self._point_norms - 2.0 * (self._points @ question)
-            nearest = np.argpartition(distance, k - 1)[:k]
-            rows.append(known_mean(self._right[nearest], self._known[nearest], self._prior))
-        return np.array(rows, dtype=np.float64).reshape(len(embeddings), len(self.names))
-
-    def picks(self, p_right: npt.NDArray[np.float64], cost_weight: float) -> npt.NDArray[np.intp]:
-        """Per row of ``p_right`` (questions, workers), the index in ``names`` of the worker
-        ``choose`` picks when every worker is allowed: the training report's sweep."""
-        utility = self._utility(p_right, cost_weight)
-        best: npt.NDArray[np.intp] = self._by_cost[utility[:, self._by_cost].argmax(axis=1)]
-        return best
-
-    def _utility(self, p: npt.NDArray[np.float64], weight: float) -> npt.NDArray[np.float64]:
-        return p - weight * self._cost * PER_QUESTIONS
-
-    def choose(
-        self,
-        question: str,
-        *,
-        allowed: Collection[str] | None = None,
-        cost_weight: float | None = None,
-    ) -> RoutingDecision | None:
-        """The best allowed worker for ``question``; None when the router knows none of them."""
-        weight = self.model.cost_weight if cost_weight is None else cost_weight
-        if weight < 0:
-            raise ValueError("cost_weight must be >= 0")
-        p = self.p_right(self._embedder.embed([question]), [question])[0]
-        return self._decide(p, allowed, weight)
-
-    def _decide(
-        self, p: npt.NDArray[np.float64], allowed: Collection[str] | None, weight: float
-    ) -> RoutingDecision | None:
-        utility = self._utility(p, weight)
-        scores = {
-            name: WorkerScore(float(p[i]), float(self._cost[i]), float(utility[i]))
-            for i, name in enumerate(self.names)
-            if allowed is None or name in allowed
-        }
-        if not scores:
-            return None
-        # Ties go to the cheaper worker, then to the pool's order.
-        best = max(scores, key=lambda n: (scores[n].utility, -scores[n].cost_usd))
-        return RoutingDecision(worker=best, cost_weight=weight, scores=scores)
-
-
-def known_mean(
-    right: npt.NDArray[np.float64], known: npt.NDArray[np.bool_], prior: npt.NDArray[np.float64]
-) -> npt.NDArray[np.float64]:
-    """Per worker, the mean over the second-to-last axis of the known results; ``prior`` where
-    none is known. On complete results, the plain mean."""
-    sums, counts = np.where(known, right, 0.0).sum(axis=-2), known.sum(axis=-2)
-    return np.where(counts > 0, sums / np.maximum(counts, 1), prior)
 
 
 def load_router_model(path: Path) -> RouterModel:
