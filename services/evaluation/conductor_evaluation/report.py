@@ -205,8 +205,9 @@ def render_markdown(
         lines += [
             f"> **Replayed workers**: {', '.join(replayed)} are the `replay` provider: they "
             "answer with what real LLMs answered, as recorded in an outcome table, at the "
-            "recorded cost, tokens and latency, and are not called. A workflow is judged by the "
-            "recorded score of the worker whose answer is final, not by a verifier. No outcome "
+            "recorded cost, tokens and latency where recorded, and are not called. A workflow "
+            "is judged by the recorded score of the worker whose answer is final, not by a "
+            "verifier. No outcome "
             "was recorded for a worker shown other answers, so a step that checks or aggregates "
             "earlier answers gains nothing from them: the figures of multi-step plans (MoA, "
             "reflect, the Conductor's) are a lower bound. A question on which a workflow called "
@@ -218,7 +219,12 @@ def render_markdown(
         f"- Pool: {meta['pool_label']} ({', '.join(meta['workers'])})",
         f"- Conductor: {meta['planner']}",
         f"- Items per suite: at most {meta['limit']} (seed {meta['seed']})"
-        + (", from the held-out share training never sees" if meta.get("held_out") else ""),
+        + (
+            ", from the held-out share training never sees (an outcome table's own test split "
+            "where it has one)"
+            if meta.get("held_out")
+            else ""
+        ),
         f"- Generated: {meta['generated_at']}",
         f"- Command: `{meta['command']}`",
         "",
