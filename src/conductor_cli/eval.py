@@ -132,3 +132,37 @@ def _print_summary(console: Console, document: dict[str, object]) -> None:
                 f"{row['latency_p50_s']:.2f}",
             )
         console.print(table)
+    means = document.get("suite_mean")
+    if isinstance(means, dict):
+        _print_suite_mean(console, means)
+
+
+def _print_suite_mean(console: Console, means: dict[str, Any]) -> None:
+    """The unweighted mean over the suites, as routing papers compare strategies."""
+    best = means["best_single"]
+    table = Table(
+        title=f"mean over {len(means['suites'])} suites (each counts the same)",
+        caption=f"minus best single: percentage points against {best}, over the items both scored"
+        if best
+        else "no single worker was scored on every suite",
+    )
+    for column in ("strategy", "accuracy", "95% CI", "minus best single (95% CI)", "cost/q"):
+        table.add_column(column, justify="left" if column == "strategy" else "right")
+    for row in means["strategies"]:
+        low, high = row["ci95"]
+        margin = ""
+        if row["minus_best_single"] is not None:
+            m_low, m_high = row["minus_best_single_ci95"]
+            margin = (
+                f"{100 * row['minus_best_single']:+.1f} ({100 * m_low:+.1f} to {100 * m_high:+.1f})"
+            )
+        table.add_row(
+            row["strategy"],
+            f"{row['mean_accuracy']:.1%}",
+            f"{low:.0%}-{high:.0%}",
+            margin,
+            f"{row['mean_cost_per_question_usd']:.5f}",
+        )
+    console.print(table)
+    for name, suites in means["left_out"].items():
+        console.print(f"left out of the mean: {name}, not scored on {', '.join(suites)}")

@@ -17,7 +17,13 @@ from conductor_evaluation.datasets import load_suite
 from conductor_evaluation.items import EvalItem
 from conductor_evaluation.plot import plot_accuracy_vs_cost
 from conductor_evaluation.replay import POOL_PREFIX, replay_pool
-from conductor_evaluation.report import render_markdown, report_json, routing, summarize
+from conductor_evaluation.report import (
+    render_markdown,
+    report_json,
+    routing,
+    suite_mean,
+    summarize,
+)
 from conductor_evaluation.results import ItemResult, ResultStore
 from conductor_evaluation.runner import EvalRuntime, pending_jobs, run_jobs
 from conductor_evaluation.sim import builtin_sim_pool
@@ -141,6 +147,7 @@ def write_report(
     ran: int,
 ) -> EvalOutcome:
     summary = summarize(results, strategies)
+    means = suite_mean(results, strategies)
     uses_conductor = any(s.kind is Kind.CONDUCTOR for s in strategies)
     meta: dict[str, Any] = {
         "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -169,8 +176,9 @@ def write_report(
     md_path, json_path = out / "report.md", out / "report.json"
     routed = routing(results, summary, meta["workers"])
     md_path.write_text(
-        render_markdown(summary, meta, PLOT_FILE if summary else None, routed), encoding="utf-8"
+        render_markdown(summary, meta, PLOT_FILE if summary else None, routed, means),
+        encoding="utf-8",
     )
-    document = report_json(summary, meta, routed)
+    document = report_json(summary, meta, routed, means)
     json_path.write_text(json.dumps(document, indent=2), encoding="utf-8")
     return EvalOutcome(md_path, json_path, plot_path, document, ran, results)

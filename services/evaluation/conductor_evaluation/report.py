@@ -1,7 +1,9 @@
 """The evaluation report: per suite and strategy, accuracy with its confidence interval, tokens,
 cost, steps and latency, and how each strategy routed (which workers it used, how many steps,
 how often a step saw an earlier one's output); as Markdown (``report.md``) and JSON
-(``report.json``).
+(``report.json``). With several suites, also each strategy's unweighted mean over the suites,
+as routing research reports it over a group of benchmarks, against the best single worker's,
+with bootstrap intervals.
 
 Accuracy is the mean score: 1 or 0 by a verifier, or a recorded score between (an outcome
 table's question). A table's question that a strategy's workflow could not replay (a worker it
@@ -11,6 +13,7 @@ called has no recorded score there) is left out of that strategy's figures and c
 from __future__ import annotations
 
 import math
+import random
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -25,6 +28,10 @@ Z95 = 1.959964
 # The pseudo-suite that pools every item of every suite of a run, reported after the suites
 # when there are several: a mixed suite judged as a whole.
 ALL_SUITES = "all suites"
+# Resamples of the bootstrap intervals of the mean over suites, seeded so that the same results
+# give the same report.
+BOOTSTRAP = 1000
+BOOTSTRAP_SEED = 0
 
 
 class StrategyRow(BaseModel):
@@ -60,6 +67,34 @@ class RoutingRow(BaseModel):
     sees_earlier_share: float
 
 
+class SuiteMeanRow(BaseModel):
+    """One strategy over the suites: each suite counts the same, whatever its number of items."""
+
+    strategy: str
+    kind: str
+    mean_accuracy: float  # the unweighted mean of its per-suite accuracies
+    ci95: tuple[float, float]
+    mean_cost_per_question_usd: float  # the unweighted mean of its per-suite cost per question
+    # Against the best single worker, paired: per suite over the items both scored, then
+    # averaged over the suites; None where some suite has no such item.
+    minus_best_single: float | None = None
+    minus_best_single_ci95: tuple[float, float] | None = None
+    paired_items: int = 0  # the items both scored, over all the suites
+
+
+class SuiteMean(BaseModel):
+    """The mean over suites of every strategy scored on each of them."""
+
+    suites: list[str]
+    # The single worker with the highest mean (the cheapest among equals); None if no single
+    # worker was scored on every suite.
+    best_single: str | None
+    strategies: list[SuiteMeanRow]
+    # Per strategy left out, the suites on which it scored no item.
+    left_out: dict[str, list[str]]
+    bootstrap: str
+
+
 def wilson(correct: float, n: int, z: float = Z95) -> tuple[float, float]:
     """Wilson score interval: honest at small n and at 0% or 100%, unlike the normal one.
     ``correct`` is the sum of the scores, fractional where scores are."""
@@ -79,6 +114,21 @@ def percentile(values: Sequence[float], q: float) -> float:
     rank = (len(ordered) - 1) * q
     low, high = math.floor(rank), math.ceil(rank)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def bootstrap_mean_of_means(
+    groups: Sequence[Sequence[float]], resamples: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float]:
+    """95% percentile interval of the unweighted mean of the groups' means, each group (a
+    suite's item scores, or paired differences) resampled with replacement within itself: the
+    suites' sizes are fixed by the run, only which items they drew is chance. Every group must
+    have a value."""
+    rng = random.Random(seed)
+    means = [
+        sum(sum(rng.choices(group, k=len(group))) / len(group) for group in groups) / len(groups)
+        for _ in range(resamples)
+    ]
+    return (percentile(means, 0.025), percentile(means, 0.975))
 
 
 def oracle_results(results: Iterable[ItemResult], singles: Sequence[str]) -> list[ItemResult]:
@@ -103,15 +153,9 @@ def summarize(
 ) -> dict[str, list[StrategyRow]]:
     """Rows per suite, best accuracy first; with several suites, also their pool (ALL_SUITES)
     last."""
-    singles = [s.name for s in strategies if s.kind is Kind.SINGLE]
     kinds = {s.name: s.kind for s in strategies}
-    everything = list(results)
-    if any(s.kind is Kind.ORACLE for s in strategies):
-        everything += oracle_results(results, singles)
-    grouped: dict[str, dict[str, list[ItemResult]]] = defaultdict(lambda: defaultdict(list))
-    for r in everything:
-        if r.strategy in kinds:
-            grouped[r.suite][r.strategy].append(r)
+    everything = _with_oracle(results, strategies)
+    grouped = _by_suite(everything, kinds)
     if len(grouped) > 1:  # a mixed suite is also judged as a whole
         for r in everything:
             if r.strategy in kinds:
@@ -123,6 +167,99 @@ def summarize(
         )
         for suite, by_strategy in grouped.items()
     }
+
+
+def _with_oracle(results: Sequence[ItemResult], strategies: Sequence[Strategy]) -> list[ItemResult]:
+    """The results, and the oracle's where it is one of the strategies."""
+    everything = list(results)
+    if any(s.kind is Kind.ORACLE for s in strategies):
+        singles = [s.name for s in strategies if s.kind is Kind.SINGLE]
+        everything += oracle_results(results, singles)
+    return everything
+
+
+def _by_suite(
+    results: Iterable[ItemResult], names: Iterable[str]
+) -> dict[str, dict[str, list[ItemResult]]]:
+    """Per suite and strategy (of ``names``) the results, in their order."""
+    wanted = set(names)
+    grouped: dict[str, dict[str, list[ItemResult]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        if r.strategy in wanted:
+            grouped[r.suite][r.strategy].append(r)
+    return grouped
+
+
+def suite_mean(results: Sequence[ItemResult], strategies: Sequence[Strategy]) -> SuiteMean | None:
+    """With two suites or more, each strategy scored on every one of them: the unweighted mean
+    of its per-suite accuracies and costs, and its margin over the best single worker, paired
+    item by item; None with one suite."""
+    kinds = {s.name: s.kind for s in strategies}
+    grouped = _by_suite(_with_oracle(results, strategies), kinds)
+    if len(grouped) < 2:
+        return None
+    suites = list(grouped)
+    # Per strategy and suite, its scored items by id (sorted: the resamples do not depend on
+    # the order in which results were written).
+    scored: dict[str, list[dict[str, ItemResult]]] = {}
+    left_out: dict[str, list[str]] = {}
+    for name in dict.fromkeys(n for by_strategy in grouped.values() for n in by_strategy):
+        per_suite = [
+            {
+                r.item_id: r
+                for r in sorted(grouped[suite].get(name, []), key=lambda r: r.item_id)
+                if r.status != UNRECORDED
+            }
+            for suite in suites
+        ]
+        missing = [suite for suite, items in zip(suites, per_suite, strict=True) if not items]
+        if missing:
+            left_out[name] = missing
+        else:
+            scored[name] = per_suite
+    rows = {
+        name: SuiteMeanRow(
+            strategy=name,
+            kind=kinds[name].value,
+            mean_accuracy=_mean([_mean([r.value for r in items.values()]) for items in per]),
+            ci95=bootstrap_mean_of_means([[r.value for r in items.values()] for items in per]),
+            mean_cost_per_question_usd=_mean(
+                [_mean([r.cost_usd for r in items.values()]) for items in per]
+            ),
+        )
+        for name, per in scored.items()
+    }
+    singles = [row for row in rows.values() if kinds[row.strategy] is Kind.SINGLE]
+    best = min(
+        singles,
+        key=lambda row: (-row.mean_accuracy, row.mean_cost_per_question_usd, row.strategy),
+        default=None,
+    )
+    if best is not None:
+        for name, row in rows.items():
+            differences = [
+                [items[i].value - theirs[i].value for i in items if i in theirs]
+                for items, theirs in zip(scored[name], scored[best.strategy], strict=True)
+            ]
+            row.paired_items = sum(map(len, differences))
+            if all(differences):
+                row.minus_best_single = _mean([_mean(d) for d in differences])
+                row.minus_best_single_ci95 = bootstrap_mean_of_means(differences)
+    return SuiteMean(
+        suites=suites,
+        best_single=best.strategy if best else None,
+        strategies=sorted(
+            rows.values(),
+            key=lambda row: (-row.mean_accuracy, row.mean_cost_per_question_usd, row.strategy),
+        ),
+        left_out=left_out,
+        bootstrap=f"{BOOTSTRAP:,} resamples of each suite's items within the suite (seed "
+        f"{BOOTSTRAP_SEED}), 2.5th to 97.5th percentile",
+    )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
 
 
 def routing(
@@ -189,6 +326,7 @@ def render_markdown(
     meta: dict[str, Any],
     plot_file: str | None,
     routed: dict[str, list[RoutingRow]],
+    means: SuiteMean | None = None,
 ) -> str:
     lines = ["# Conductor evaluation", ""]
     simulated = meta.get("simulated_workers") or []
@@ -251,6 +389,8 @@ def render_markdown(
             )
         lines.append("")
         lines += _routing_markdown(routed.get(suite, []), meta["workers"])
+    if means is not None:
+        lines += _suite_mean_markdown(means)
     lines += [
         "Accuracy is the mean score of the items: 1 when the suite's verifier accepts the "
         "final answer, else 0 (a workflow that failed counts 0); on an outcome table's "
@@ -266,6 +406,49 @@ def render_markdown(
     if plot_file:
         lines += [f"![accuracy against cost]({plot_file})", ""]
     return "\n".join(lines)
+
+
+def _suite_mean_markdown(means: SuiteMean) -> list[str]:
+    best = means.best_single
+    lines = [
+        "## Mean over suites",
+        "",
+        f"Over {', '.join(means.suites)}: a strategy's accuracy is the unweighted mean of its "
+        "accuracies on the suites (each suite counts the same, whatever its number of items), "
+        "and so is its cost per question. "
+        + (
+            f"Minus best single is its margin over {best}, the single worker with the highest "
+            "mean, in percentage points, paired: per suite over the items both scored, then "
+            "averaged (where either left items out as not recorded, it can differ from the "
+            "difference of the two means). "
+            if best
+            else "No single worker was scored on every suite, so there is no best single. "
+        )
+        + f"95% intervals by bootstrap: {means.bootstrap}; the oracle is per item the best "
+        "single worker, as above.",
+        "",
+        "| strategy | mean accuracy | 95% CI | minus best single, points (95% CI) | cost/q (USD) |",
+        "|---|---:|---|---:|---:|",
+    ]
+    for r in means.strategies:
+        margin = ""
+        if r.minus_best_single is not None and r.minus_best_single_ci95 is not None:
+            low, high = r.minus_best_single_ci95
+            margin = f"{points(r.minus_best_single)} ({points(low)} to {points(high)})"
+        lines.append(
+            f"| {r.strategy} | {r.mean_accuracy:.1%} | {r.ci95[0]:.1%} - {r.ci95[1]:.1%} "
+            f"| {margin} | {r.mean_cost_per_question_usd:.6f} |"
+        )
+    lines.append("")
+    if means.left_out:
+        missing = "; ".join(f"{name} ({', '.join(s)})" for name, s in means.left_out.items())
+        lines += [f"Left out, not scored on every suite (the suites it lacks): {missing}.", ""]
+    return lines
+
+
+def points(share: float) -> str:
+    """A difference of accuracies in percentage points, signed."""
+    return f"{100 * share:+.1f}"
 
 
 def _routing_markdown(rows: list[RoutingRow], workers: Sequence[str]) -> list[str]:
@@ -289,8 +472,9 @@ def report_json(
     summary: dict[str, list[StrategyRow]],
     meta: dict[str, Any],
     routed: dict[str, list[RoutingRow]],
+    means: SuiteMean | None = None,
 ) -> dict[str, Any]:
-    return {
+    document = {
         **meta,
         "suites": {
             suite: [row.model_dump(mode="json") for row in rows] for suite, rows in summary.items()
@@ -299,3 +483,6 @@ def report_json(
             suite: [row.model_dump(mode="json") for row in rows] for suite, rows in routed.items()
         },
     }
+    if means is not None:
+        document["suite_mean"] = means.model_dump(mode="json")
+    return document
