@@ -34,6 +34,15 @@ def train(
         metavar="EXPORT.jsonl",
         show_default=False,
     ),
+    tables: list[str] | None = typer.Option(  # noqa: B008
+        None,
+        "--table",
+        help="An outcome table (`conductor outcomes import`) to learn from (repeatable): each "
+        "worker recorded on its questions, named as `--pool replay:TABLE` names it; the "
+        "table's test split is held out.",
+        metavar="TABLE.jsonl",
+        show_default=False,
+    ),
     out: str = typer.Option(
         "router.json",
         "--out",
@@ -55,16 +64,22 @@ def train(
     did: when no held-out item was run by every worker, the router is fitted and the report says
     it could not be judged."""
     from conductor_router import QuestionEmbedder, save_router_model
-    from conductor_trainer.routing_data import combine_routing_data, routing_data, train_router
+    from conductor_trainer.routing_data import (
+        combine_routing_data,
+        routing_data,
+        table_routing_data,
+        train_router,
+    )
     from conductor_trainer.trace_routing import trace_routing_data
 
     console = stderr_console()
-    if not results and not traces:
+    if not results and not traces and not tables:
         raise ConfigurationError(
             "nothing to learn from: give `conductor eval` output directories, --traces "
-            "exports, or both"
+            "exports or --table outcome tables"
         )
     parts = [routing_data([Path(r) for r in results])] if results else []
+    parts += [table_routing_data(Path(t)) for t in tables or ()]
     if traces:
         from_traces, summary = trace_routing_data([Path(t) for t in traces])
         console.print(f"traces: {summary.describe()}")

@@ -159,7 +159,7 @@ def test_a_higher_cost_weight_never_picks_a_dearer_worker() -> None:
     [
         (b"\x89PNG\r\n\x1a\n\x00\x00", "not UTF-8"),
         (b"{not json", "invalid JSON at line 1"),
-        (b"[1, 2]", "format 'list', expected 'conductor-router/2'"),
+        (b"[1, 2]", "format 'list', expected 'conductor-router/3'"),
         (b'{"format": "conductor-router/0"}', "format 'conductor-router/0'"),
         (b'{"format": "conductor-router/1", "dim": 8, "workers": []}', "workers"),
     ],
@@ -278,7 +278,7 @@ def test_a_knn_or_cluster_router_saved_and_loaded_chooses_the_same(
     path = tmp_path / f"router.{head}.json"
     save_router_model(ROUTERS[head].model, path)
     saved = json.loads(path.read_text())
-    assert (saved["head"], saved["format"]) == (head, "conductor-router/2")
+    assert (saved["head"], saved["format"]) == (head, "conductor-router/3")
     assert "coef" not in saved["workers"][0]  # no empty logistic fields
     loaded = Router.load(path, HashEmbedder())  # type: ignore[arg-type]
     for n in range(30):
@@ -674,7 +674,7 @@ def test_conductor_serve_answers_conductor_mini_with_the_routed_worker(tmp_path:
         (tmp_path / "router.json").write_text("{}")
         refused = run_conductor("serve", "--port", "0", "--grpc-port", "-1", env=env, timeout=60)
         assert refused.returncode == 2
-        assert "router.json: format None, expected 'conductor-router/2'" in refused.stderr
+        assert "router.json: format None, expected 'conductor-router/3'" in refused.stderr
     finally:
         workers.stop()
         planner.stop()

@@ -22,6 +22,7 @@ from conductor_evaluation.outcomes import (
     OutcomeRow,
     OutcomeTable,
     read_outcome_table,
+    worker_slug,
     write_outcome_table,
 )
 from conductor_evaluation.results import ItemResult, ResultStore
@@ -58,5 +59,6 @@ __all__ = [
     "simulating",
     "split_items",
     "verify",
+    "worker_slug",
     "write_outcome_table",
 ]

@@ -3,7 +3,10 @@
 A file holds one of three kinds of head, named by its ``head``:
 
 - ``logistic`` (the router): per worker the coefficients of a logistic regression over the
-  question's embedding and a few standardised features of its text (``text_features``);
+  question's embedding and a few standardised features of its text (``text_features``) and,
+  where it learnt from several domains, a domain head: which domain the question is from
+  (a multinomial logistic regression over the same inputs), whose chances the workers' heads
+  read first, and each worker's mean cost per domain;
 - ``knn`` (a baseline): the training questions' embeddings and, per question and worker, the
   share of right answers (NaN where unknown), with how many nearest questions are averaged;
 - ``cluster`` (a baseline, as Avengers-Pro routes): k-means centroids of the training questions
@@ -29,9 +32,10 @@ from conductor_router.embedding import EMBEDDER_NAME, ROUTER_INSTALL
 from conductor_router.packed_array import PackedArray
 from conductor_router.text_features import QUESTION_FEATURES
 
-ROUTER_FORMAT = "conductor-router/2"
-# Version 1: the embedding only (no text features); still served as it was.
-ROUTER_FORMATS = ("conductor-router/1", ROUTER_FORMAT)
+ROUTER_FORMAT = "conductor-router/3"
+# Version 1: the embedding only (no text features); 2: no domain head. Both still served as
+# they were.
+ROUTER_FORMATS = ("conductor-router/1", "conductor-router/2", ROUTER_FORMAT)
 PER_QUESTIONS = 1000  # cost is expressed per this many questions
 HeadKind = Literal["logistic", "knn", "cluster"]
 
@@ -44,7 +48,26 @@ class WorkerHead(BaseModel):
     intercept: float | None = None  # logistic only
     # Mean cost of one question answered by this worker alone, in training, USD.
     cost_usd: float = Field(ge=0)
+    # With a domain head: the mean cost per domain (the domains' order), USD. A question's
+    # expected cost is these weighted by its domain chances: a long coding answer costs more
+    # than a letter, and the trade-off should know it.
+    domain_cost_usd: list[float] | None = None
     trained_on: int = Field(ge=0)  # questions this head learnt from
+
+
+class DomainHead(BaseModel):
+    """Which domain a question is from: a multinomial logistic regression over the embedding
+    and the text features. Routing learns it from the domain each training question carries
+    (its benchmark, its outcome table's domain); serving has only the question."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    names: list[str] = Field(min_length=2)
+    coef: list[list[float]]  # (domains, embedding dimensions + text features)
+    intercept: list[float]
+    # The worker heads read the domain chances times this, ahead of the embedding: larger than
+    # the embedding's unit-length values, so their regularisation holds them back less.
+    weight: float = Field(gt=0)
 
 
 class RouterModel(BaseModel):
@@ -52,7 +75,9 @@ class RouterModel(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    format: Literal["conductor-router/1", "conductor-router/2"] = "conductor-router/2"
+    format: Literal["conductor-router/1", "conductor-router/2", "conductor-router/3"] = (
+        "conductor-router/3"
+    )
     head: HeadKind = "logistic"  # files from before the baselines were routers are logistic
     embedder: str = EMBEDDER_NAME
     dim: int = Field(gt=0)
@@ -61,6 +86,7 @@ class RouterModel(BaseModel):
     features: list[str] = Field(default_factory=list)
     feature_mean: list[float] = Field(default_factory=list)
     feature_scale: list[float] = Field(default_factory=list)
+    domains: DomainHead | None = None  # logistic only
     # knn: the training questions' embeddings; cluster: the centroids. (points, dim)
     points: PackedArray | None = None
     # Per point and worker (the workers' order), the share of right answers: NaN where the
@@ -91,13 +117,20 @@ class RouterModel(BaseModel):
             raise ValueError(f"feature_mean and feature_scale need {n} values each")
         if any(not scale > 0 for scale in self.feature_scale):
             raise ValueError("feature_scale values must be > 0")
-        inputs = self.dim + n
+        base = self.dim + n
+        domains = 0 if self.domains is None else len(self.domains.names)
+        if self.domains is not None:
+            self._domains_consistent(self.domains, base)
+        inputs = domains + base
         wrong = [w.name for w in self.workers if w.coef is None or len(w.coef) != inputs]
         if wrong:
             raise ValueError(
-                f"heads of {', '.join(wrong)} do not have {inputs} coefficients "
-                f"({self.dim} embedding dimensions + {n} text features)"
+                f"heads of {', '.join(wrong)} do not have {inputs} coefficients ({domains} "
+                f"domains + {self.dim} embedding dimensions + {n} text features)"
             )
+        costs = [w.domain_cost_usd for w in self.workers]
+        if any(c is not None and (len(c) != domains or min(c) < 0) for c in costs):
+            raise ValueError(f"domain_cost_usd needs {domains} costs >= 0, one per domain")
         if missing := [w.name for w in self.workers if w.intercept is None]:
             raise ValueError(f"heads of {', '.join(missing)} have no intercept")
         if self.points is not None or self.right is not None or self.neighbours is not None:
@@ -106,11 +139,24 @@ class RouterModel(BaseModel):
                 "cluster routers do)"
             )
 
+    @staticmethod
+    def _domains_consistent(head: DomainHead, inputs: int) -> None:
+        if len(set(head.names)) != len(head.names):
+            raise ValueError(f"domain names repeat: {head.names}")
+        rows = len(head.names)
+        if len(head.intercept) != rows or any(len(row) != inputs for row in head.coef):
+            raise ValueError(
+                f"the domain head needs {rows} intercepts and {rows} rows of {inputs} "
+                "coefficients (embedding dimensions + text features)"
+            )
+        if len(head.coef) != rows:
+            raise ValueError(f"the domain head needs {rows} rows of coefficients")
+
     def _table_consistent(self) -> None:
         """knn and cluster: points and their right-shares, shapes agreeing with the workers."""
         head = self.head
-        if self.features or self.feature_mean or self.feature_scale:
-            raise ValueError(f"a {head} router reads no text features")
+        if self.features or self.feature_mean or self.feature_scale or self.domains:
+            raise ValueError(f"a {head} router reads no text features and no domain head")
         if coefficients := [
             w.name for w in self.workers if w.coef is not None or w.intercept is not None
         ]:

@@ -23,7 +23,11 @@ from conductor_router.serving import Router
 
 BOOTSTRAP = 300  # resamples of the held-out items for the confidence intervals
 # Cost weights swept for the curves: 0 (accuracy only), then up to where the cheapest worker wins.
-COST_WEIGHTS = (0.0, *np.geomspace(0.001, 2.0, 24).round(5).tolist())
+# 0 (accuracy only), then up to where the cheapest worker wins; dense enough that a budget (a
+# share of the best single worker's cost) finds a point near it.
+COST_WEIGHTS = (0.0, *np.geomspace(0.0001, 5.0, 60).round(6).tolist())
+# Budgets the report reads each curve at: shares of the most accurate single worker's cost.
+BUDGETS = (1.0, 0.6, 0.25)
 NOT_JUDGED = (
     "no held-out item was run by every worker, so no router could be judged against the others "
     "(a traced workflow says how one worker did): the router is fitted all the same. To judge "
@@ -89,11 +93,11 @@ def held_out_report(
     curves = []
     for name, router in routers.items():
         column = np.array([workers.index(worker) for worker in router.names])
-        p_right = router.p_right(held_embeddings, held_questions)
+        p_right, expected_cost = router.estimate(held_embeddings, held_questions)
         curve = Curve(name)
         chosen = []
         for weight in COST_WEIGHTS:
-            pick = column[router.picks(p_right, weight)]
+            pick = column[router.picks(p_right, expected_cost, weight)]
             chosen.append(pick)
             curve.points.append({"cost_weight": weight, **_point(right, cost, pick)})
         picks[name] = np.array(chosen)
@@ -133,6 +137,7 @@ def held_out_report(
                 "area_ci": _interval(areas[c.name]),
                 # Paired over the same resampled items: above 0 means the router is ahead.
                 "router_minus_this_ci": _interval(areas[first] - areas[c.name]),
+                "budgets": _budget_points(c, picks[c.name], right, cost, singles),
                 "points": c.points,
             }
             for c in curves
@@ -142,15 +147,61 @@ def held_out_report(
     }
 
 
+def best_single(singles: dict[str, dict[str, Any]]) -> str:
+    """The most accurate single worker (the cheaper among equals)."""
+    return max(singles, key=lambda w: (singles[w]["accuracy"], -singles[w]["cost_usd"]))
+
+
+def _budget_points(
+    curve: Curve,
+    chosen: npt.NDArray[np.int_],
+    right: npt.NDArray[np.float64],
+    cost: npt.NDArray[np.float64],
+    singles: dict[str, dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Per budget (a share of the most accurate single worker's cost), the curve's most
+    accurate point within it and its accuracy minus that worker's, with a paired bootstrap
+    interval over the held-out items (above 0: ahead of it)."""
+    reference = best_single(singles)
+    column = list(singles).index(reference)
+    out: list[dict[str, Any]] = []
+    for share in BUDGETS:
+        limit = share * singles[reference]["cost_usd"]
+        within = [i for i, p in enumerate(curve.points) if p["cost_usd"] <= limit]
+        if not within:
+            out.append({"share_of_best_single_cost": share, "point": None})
+            continue
+        best = max(
+            within, key=lambda i: (curve.points[i]["accuracy"], -curve.points[i]["cost_usd"])
+        )
+        rows = np.arange(len(right))
+        difference = right[rows, chosen[best]] - right[:, column]
+        out.append(
+            {
+                "share_of_best_single_cost": share,
+                "best_single": reference,
+                "point": curve.points[best],
+                "cost_share": curve.points[best]["cost_usd"] / singles[reference]["cost_usd"],
+                "minus_best_single": float(difference.mean()),
+                "minus_best_single_ci": _bootstrap_mean(difference),
+            }
+        )
+    return out
+
+
+def _bootstrap_mean(values: npt.NDArray[np.float64]) -> list[float]:
+    rng = np.random.default_rng(0)
+    samples = rng.integers(0, len(values), size=(BOOTSTRAP, len(values)))
+    return _interval(values[samples].mean(axis=1))
+
+
 def _interval(values: npt.NDArray[np.float64]) -> list[float]:
     low, high = np.percentile(values, [2.5, 97.5])
     return [round(float(low), 4), round(float(high), 4)]
 
 
 def _bootstrap_accuracy(right: npt.NDArray[np.float64]) -> list[float]:
-    rng = np.random.default_rng(0)
-    samples = rng.integers(0, len(right), size=(BOOTSTRAP, len(right)))
-    return _interval(right[samples].mean(axis=1))
+    return _bootstrap_mean(right)
 
 
 def _bootstrap_areas(

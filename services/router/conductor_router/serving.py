@@ -74,6 +74,18 @@ class Router:
         self._cost = np.array([w.cost_usd for w in model.workers], dtype=np.float64)
         # The workers cheapest first (pool order among equals): the order ties are broken in.
         self._by_cost = np.argsort(self._cost, kind="stable")
+        self._domains = model.domains
+        if model.domains is not None:
+            self._domain_coef = np.array(model.domains.coef, dtype=np.float64)
+            self._domain_intercept = np.array(model.domains.intercept, dtype=np.float64)
+            # (domains, workers): a worker without costs per domain costs its mean in each.
+            self._domain_cost = np.array(
+                [
+                    w.domain_cost_usd or [w.cost_usd] * len(model.domains.names)
+                    for w in model.workers
+                ],
+                dtype=np.float64,
+            ).T
         if model.head == "logistic":
             self._coef = np.array([w.coef for w in model.workers], dtype=np.float64)
             self._intercept = np.array([w.intercept for w in model.workers], dtype=np.float64)
@@ -100,14 +112,29 @@ class Router:
     ) -> npt.NDArray[np.float64]:
         """(questions, workers): each head's chance of a right answer; ``embeddings`` are the
         questions' own."""
+        return self.estimate(embeddings, questions)[0]
+
+    def estimate(
+        self, embeddings: npt.NDArray[np.float32], questions: Sequence[str]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Per question and worker (questions, workers): the chance of a right answer and the
+        expected cost in USD (the worker's mean cost, or with a domain head its mean cost in
+        each domain weighted by the question's domain chances)."""
         if self.model.head != "logistic":
-            return self._from_nearest_points(embeddings)
+            p = self._from_nearest_points(embeddings)
+            return p, np.broadcast_to(self._cost, p.shape)
         inputs = embeddings.astype(np.float64)
         if self._feature_columns:
             raw = question_features(questions)[:, self._feature_columns]
             inputs = np.hstack([inputs, (raw - self._feature_mean) / self._feature_scale])
+        if self._domains is None:
+            cost = np.broadcast_to(self._cost, (len(inputs), len(self.names)))
+        else:
+            chances = softmax(inputs @ self._domain_coef.T + self._domain_intercept)
+            cost = chances @ self._domain_cost
+            inputs = np.hstack([chances * self._domains.weight, inputs])
         logits = inputs @ self._coef.T + self._intercept
-        return 1.0 / (1.0 + np.exp(-logits))
+        return 1.0 / (1.0 + np.exp(-logits)), cost
 
     def _from_nearest_points(self, embeddings: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
         """knn: the known mean of the nearest points' shares; cluster: the nearest centroid's.
@@ -122,15 +149,18 @@ class Router:
             rows.append(known_mean(self._right[nearest], self._known[nearest], self._prior))
         return np.array(rows, dtype=np.float64).reshape(len(embeddings), len(self.names))
 
-    def picks(self, p_right: npt.NDArray[np.float64], cost_weight: float) -> npt.NDArray[np.intp]:
-        """Per row of ``p_right`` (questions, workers), the index in ``names`` of the worker
-        ``choose`` picks when every worker is allowed: the training report's sweep."""
-        utility = self._utility(p_right, cost_weight)
+    def picks(
+        self,
+        p_right: npt.NDArray[np.float64],
+        cost: npt.NDArray[np.float64],
+        cost_weight: float,
+    ) -> npt.NDArray[np.intp]:
+        """Per row of ``p_right`` and ``cost`` (questions, workers, from ``estimate``), the
+        index in ``names`` of the worker ``choose`` picks when every worker is allowed: the
+        training report's sweep."""
+        utility = p_right - cost_weight * cost * PER_QUESTIONS
         best: npt.NDArray[np.intp] = self._by_cost[utility[:, self._by_cost].argmax(axis=1)]
         return best
-
-    def _utility(self, p: npt.NDArray[np.float64], weight: float) -> npt.NDArray[np.float64]:
-        return p - weight * self._cost * PER_QUESTIONS
 
     def choose(
         self,
@@ -143,15 +173,19 @@ class Router:
         weight = self.model.cost_weight if cost_weight is None else cost_weight
         if weight < 0:
             raise ValueError("cost_weight must be >= 0")
-        p = self.p_right(self._embedder.embed([question]), [question])[0]
-        return self._decide(p, allowed, weight)
+        p, cost = self.estimate(self._embedder.embed([question]), [question])
+        return self._decide(p[0], cost[0], allowed, weight)
 
     def _decide(
-        self, p: npt.NDArray[np.float64], allowed: Collection[str] | None, weight: float
+        self,
+        p: npt.NDArray[np.float64],
+        cost: npt.NDArray[np.float64],
+        allowed: Collection[str] | None,
+        weight: float,
     ) -> RoutingDecision | None:
-        utility = self._utility(p, weight)
+        utility = p - weight * cost * PER_QUESTIONS
         scores = {
-            name: WorkerScore(float(p[i]), float(self._cost[i]), float(utility[i]))
+            name: WorkerScore(float(p[i]), float(cost[i]), float(utility[i]))
             for i, name in enumerate(self.names)
             if allowed is None or name in allowed
         }
@@ -160,6 +194,13 @@ class Router:
         # Ties go to the cheaper worker, then to the pool's order.
         best = max(scores, key=lambda n: (scores[n].utility, -scores[n].cost_usd))
         return RoutingDecision(worker=best, cost_weight=weight, scores=scores)
+
+
+def softmax(logits: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Row-wise softmax, shifted by each row's largest logit so that exp cannot overflow."""
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    result: npt.NDArray[np.float64] = shifted / shifted.sum(axis=1, keepdims=True)
+    return result
 
 
 def known_mean(

@@ -2,8 +2,11 @@
 that says whether it learned anything.
 
 The data: every item an evaluation ran with ``single:NAME`` strategies gives, per worker, right
-or wrong and what it cost; a traced one-step workflow with feedback or a reference label gives
-it for the one worker that ran (``trace_routing``), the others unknown. The router and its
+or wrong (or a recorded share of right answers) and what it cost; every question of an outcome
+table gives the recorded score and cost of each worker recorded on it (the pool names are the
+workers' slugs, as ``--pool replay:TABLE`` names them, and the table's test split is held
+out); a traced one-step workflow with feedback or a reference label gives it for the one
+worker that ran (``trace_routing``), the others unknown. The router and its
 ``knn`` and ``cluster`` baselines (conductor_router fits them, from these arrays) learn on the
 items outside the held-out split (the same split by item key as ``conductor train`` and
 ``conductor eval --held-out``) and are judged on the held-out ones, each through the same
@@ -22,7 +25,15 @@ import numpy as np
 import numpy.typing as npt
 
 from conductor.errors import ConfigurationError
-from conductor_evaluation import EvalItem, ItemResult, ResultStore, is_held_out, load_suite
+from conductor_evaluation import (
+    EvalItem,
+    ItemResult,
+    ResultStore,
+    is_held_out,
+    load_suite,
+    read_outcome_table,
+    worker_slug,
+)
 from conductor_router import (
     Progress,
     QuestionEmbedder,
@@ -50,6 +61,11 @@ class RoutingData:
     def held_out(self) -> npt.NDArray[np.bool_]:
         return np.array([is_held_out(item) for item in self.items])
 
+    @property
+    def domains(self) -> list[str]:
+        """Each item's domain: its outcome table's domain, else its suite (its benchmark)."""
+        return [str(item.metadata.get("domain") or item.suite) for item in self.items]
+
 
 def routing_data(eval_dirs: Sequence[Path]) -> RoutingData:
     """The ``single:*`` results of one or more evaluation directories, with their items. The
@@ -63,7 +79,8 @@ def routing_data(eval_dirs: Sequence[Path]) -> RoutingData:
                 f"{eval_dir}: no single-worker results to learn from; run `conductor eval "
                 f"--strategies 'single:*' --out {eval_dir}` first"
             )
-        results += [r for r in found if r.status != "error"]
+        # A harness error says nothing of the worker; an unrecorded replay is not "wrong".
+        results += [r for r in found if r.status not in ("error", "unrecorded")]
     workers = sorted({r.strategy.removeprefix(SINGLE) for r in results})
     column = {worker: j for j, worker in enumerate(workers)}
     by_item: dict[tuple[str, str], list[ItemResult]] = {}
@@ -76,11 +93,36 @@ def routing_data(eval_dirs: Sequence[Path]) -> RoutingData:
     for i, item in enumerate(items):
         for r in by_item[(item.suite, item.id)]:
             j = column[r.strategy.removeprefix(SINGLE)]
-            right[i, j] += r.correct
+            right[i, j] += r.correct if r.score is None else r.score
             cost[i, j] += r.cost_usd
             runs[i, j] += 1
     with np.errstate(invalid="ignore", divide="ignore"):
         return RoutingData(items, workers, right / runs, cost / runs)
+
+
+def table_routing_data(path: Path) -> RoutingData:
+    """Every question of an outcome table with, per recorded worker (named by its slug, as a
+    replay pool names it), its recorded score and cost (NaN where not recorded)."""
+    table = read_outcome_table(path)
+    names = {worker: worker_slug(worker) for worker in table.workers}
+    if len(set(names.values())) != len(names):
+        raise ConfigurationError(f"{path}: two recorded workers have the same slug: {names}")
+    items = load_suite(f"table:{path}")
+    workers = sorted(names, key=names.__getitem__)
+    right = np.full((len(items), len(workers)), np.nan)
+    cost = np.full((len(items), len(workers)), np.nan)
+    for i, item in enumerate(items):
+        outcomes = table.by_id[item.id].outcomes
+        for j, worker in enumerate(workers):
+            outcome = outcomes.get(worker)
+            if outcome is not None and outcome.score is not None:
+                right[i, j] = outcome.score
+                cost[i, j] = np.nan if outcome.cost_usd is None else outcome.cost_usd
+    if np.isnan(cost[~np.isnan(right)]).any():
+        raise ConfigurationError(
+            f"{path}: some recorded scores have no recorded cost; the router needs both"
+        )
+    return RoutingData(items, [names[w] for w in workers], right, cost)
 
 
 def combine_routing_data(parts: Sequence[RoutingData]) -> RoutingData:
@@ -150,6 +192,7 @@ def train_router(
         train=~held,
         embedder=embedder,
         cost_weight=cost_weight,
+        domains=data.domains,
         trained=trained,
         progress=progress,
     )
