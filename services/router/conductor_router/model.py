@@ -129,7 +129,8 @@ class RouterModel(BaseModel):
                 f"domains + {self.dim} embedding dimensions + {n} text features)"
             )
         costs = [w.domain_cost_usd for w in self.workers]
-        if any(c is not None and (len(c) != domains or min(c) < 0) for c in costs):
+        # ``not >= 0`` refuses NaN too (a NaN cost would make every utility NaN).
+        if any(c is not None and (len(c) != domains or not all(x >= 0 for x in c)) for c in costs):
             raise ValueError(f"domain_cost_usd needs {domains} costs >= 0, one per domain")
         if missing := [w.name for w in self.workers if w.intercept is None]:
             raise ValueError(f"heads of {', '.join(missing)} have no intercept")

@@ -176,12 +176,16 @@ def _budget_points(
         )
         rows = np.arange(len(right))
         difference = right[rows, chosen[best]] - right[:, column]
+        reference_cost = singles[reference]["cost_usd"]
         out.append(
             {
                 "share_of_best_single_cost": share,
                 "best_single": reference,
                 "point": curve.points[best],
-                "cost_share": curve.points[best]["cost_usd"] / singles[reference]["cost_usd"],
+                # None where the best single worker costs nothing (a share of 0 is undefined).
+                "cost_share": curve.points[best]["cost_usd"] / reference_cost
+                if reference_cost > 0
+                else None,
                 "minus_best_single": float(difference.mean()),
                 "minus_best_single_ci": _bootstrap_mean(difference),
             }

@@ -72,8 +72,6 @@ class Router:
             )
         self.names = [w.name for w in model.workers]
         self._cost = np.array([w.cost_usd for w in model.workers], dtype=np.float64)
-        # The workers cheapest first (pool order among equals): the order ties are broken in.
-        self._by_cost = np.argsort(self._cost, kind="stable")
         self._domains = model.domains
         if model.domains is not None:
             self._domain_coef = np.array(model.domains.coef, dtype=np.float64)
@@ -159,7 +157,11 @@ class Router:
         index in ``names`` of the worker ``choose`` picks when every worker is allowed: the
         training report's sweep."""
         utility = p_right - cost_weight * cost * PER_QUESTIONS
-        best: npt.NDArray[np.intp] = self._by_cost[utility[:, self._by_cost].argmax(axis=1)]
+        # Ties go to the worker cheaper on the question (its expected cost, which a domain head
+        # makes differ by question), then to the pool's order: as ``choose`` breaks them.
+        by_cost = np.argsort(cost, axis=1, kind="stable")
+        first = np.take_along_axis(utility, by_cost, axis=1).argmax(axis=1)
+        best: npt.NDArray[np.intp] = np.take_along_axis(by_cost, first[:, None], axis=1)[:, 0]
         return best
 
     def choose(
