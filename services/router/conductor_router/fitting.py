@@ -27,19 +27,25 @@ import numpy.typing as npt
 
 from conductor.errors import ConfigurationError
 from conductor_router.embedding import QuestionEmbedder
-from conductor_router.model import DomainHead, RouterModel, WorkerHead
+from conductor_router.model import PER_QUESTIONS, DomainHead, RouterModel, WorkerHead
 from conductor_router.packed_array import PackedArray
+from conductor_router.report import COST_WEIGHTS
 from conductor_router.serving import known_mean, softmax
 from conductor_router.text_features import QUESTION_FEATURES, question_features
 
-# Inverse regularisation of each worker's logistic head, and the weight of the domain chances
-# among its inputs, chosen by 5-fold cross-validation on RouterBench's training split (real
-# models' recorded outcomes; 11 workers, 2,205 questions): the area under the accuracy/cost
-# curve was 0.8267 at C = 0.3 with the domain chances at weight 10 and the embedding alone,
-# 0.8305 with the text features too, against 0.8252 at C = 0.1 and 0.8260 at C = 1; the same
-# heads without the domain chances (C = 3, the choice made on the simulated pool) reached
-# 0.8223, and the domain chances alone (no embedding) 0.8233.
+# The inverse regularisation of each worker's logistic head is chosen per training set, by
+# 5-fold cross-validation over its training items, among HEAD_C_GRID: what suits one pool does
+# not suit another (on RouterBench's training split the curve area was best at 0.3; on
+# RouterDC's, with seven 7-8B models of one price, the mean accuracy per benchmark at 0.1).
+# The score is the routed utility (right share minus cost weight times cost) averaged over the
+# swept cost weights: at one price for all it is the routed accuracy. Fewer training items
+# than CV_MIN_ITEMS: HEAD_C, with no cross-validation. The domain chances enter the heads at
+# weight 10: chosen on RouterBench's training split, where without them (C = 3, the choice
+# made on the simulated pool) the curve area was 0.8223 and with them 0.8305.
 HEAD_C = 0.3
+HEAD_C_GRID = (0.03, 0.1, 0.3, 1.0)
+CV_FOLDS = 5
+CV_MIN_ITEMS = 100
 DOMAIN_WEIGHT = 10.0
 DOMAIN_C = 1.0
 KNN_NEIGHBOURS = 15
@@ -127,8 +133,6 @@ def _fit_logistic(
 ) -> RouterModel:
     """Per worker a logistic head over the domain chances (when the training questions come
     from several domains), the embedding and the standardised text features."""
-    from sklearn.linear_model import LogisticRegression  # type: ignore[import-untyped]
-
     raw = question_features(questions)
     feature_mean = raw[train].mean(axis=0)
     feature_scale = raw[train].std(axis=0)
@@ -148,24 +152,15 @@ def _fit_logistic(
             for j, head in enumerate(heads)
         ]
         inputs = np.hstack([chances * DOMAIN_WEIGHT, inputs])
+    expected_cost = _expected_costs(heads, inputs, domain_head)
+    head_c, scores = _choose_head_c(inputs, right, cost, expected_cost, train, notify)
     fitted_heads = []
     for j, head in enumerate(heads):
         notify("fitting", j, len(heads))
-        known = train & ~np.isnan(right[:, j])
-        shares = right[known, j]
-        if shares.min() == shares.max():  # always right or always wrong: a constant head
-            rate = min(max(shares.mean(), 0.01), 0.99)
-            coef, intercept = [0.0] * inputs.shape[1], math.log(rate / (1 - rate))
-        else:
-            # Each item twice, as right with weight = its share of right answers and as wrong
-            # with the rest: the head fits the share, not a coin flip.
-            x = np.concatenate([inputs[known], inputs[known]])
-            y = np.concatenate([np.ones(len(shares)), np.zeros(len(shares))])
-            weights = np.concatenate([shares, 1 - shares])
-            fitted = LogisticRegression(C=HEAD_C, max_iter=2000).fit(x, y, sample_weight=weights)
-            coef, intercept = fitted.coef_[0].tolist(), float(fitted.intercept_[0])
+        coef, intercept = _fit_head(inputs, right[:, j], train, head_c)
         fitted_heads.append(head.model_copy(update={"coef": coef, "intercept": intercept}))
     notify("fitting", len(heads), len(heads))
+    common = {**common, "trained": {**common["trained"], "head_c": head_c, "head_c_cv": scores}}
     return RouterModel(
         head="logistic",
         features=list(QUESTION_FEATURES),
@@ -175,6 +170,80 @@ def _fit_logistic(
         workers=fitted_heads,
         **common,
     )
+
+
+def _fit_head(
+    inputs: npt.NDArray[np.float64],
+    right: npt.NDArray[np.float64],
+    train: npt.NDArray[np.bool_],
+    head_c: float,
+) -> tuple[list[float], float]:
+    """One worker's logistic head on the ``train`` items it ran: coefficients and intercept."""
+    from sklearn.linear_model import LogisticRegression  # type: ignore[import-untyped]
+
+    known = train & ~np.isnan(right)
+    shares = right[known]
+    if shares.min() == shares.max():  # always right or always wrong: a constant head
+        rate = min(max(shares.mean(), 0.01), 0.99)
+        return [0.0] * inputs.shape[1], math.log(rate / (1 - rate))
+    # Each item twice, as right with weight = its share of right answers and as wrong with the
+    # rest: the head fits the share, not a coin flip.
+    x = np.concatenate([inputs[known], inputs[known]])
+    y = np.concatenate([np.ones(len(shares)), np.zeros(len(shares))])
+    weights = np.concatenate([shares, 1 - shares])
+    fitted = LogisticRegression(C=head_c, max_iter=2000).fit(x, y, sample_weight=weights)
+    return fitted.coef_[0].tolist(), float(fitted.intercept_[0])
+
+
+def _expected_costs(
+    heads: list[WorkerHead], inputs: npt.NDArray[np.float64], domains: DomainHead | None
+) -> npt.NDArray[np.float64]:
+    """(questions, workers): each worker's expected cost per question, as serving reckons it."""
+    if domains is None:
+        return np.tile([h.cost_usd for h in heads], (len(inputs), 1))
+    chances = inputs[:, : len(domains.names)] / domains.weight
+    per_domain = np.array([h.domain_cost_usd or [h.cost_usd] * len(domains.names) for h in heads])
+    result: npt.NDArray[np.float64] = chances @ per_domain.T
+    return result
+
+
+def _choose_head_c(
+    inputs: npt.NDArray[np.float64],
+    right: npt.NDArray[np.float64],
+    cost: npt.NDArray[np.float64],
+    expected_cost: npt.NDArray[np.float64],
+    train: npt.NDArray[np.bool_],
+    notify: Progress,
+) -> tuple[float, dict[str, float]]:
+    """The HEAD_C_GRID value whose heads, fitted on four fifths of the training items, routed
+    the other fifth best (routed utility averaged over the swept cost weights), and each
+    value's score. Only items every worker ran are scored; too few training items: HEAD_C."""
+    complete = np.flatnonzero(train & ~np.isnan(right).any(axis=1) & ~np.isnan(cost).any(axis=1))
+    if len(complete) < CV_MIN_ITEMS:
+        return HEAD_C, {}
+    rng = np.random.default_rng(0)
+    folds = np.array_split(rng.permutation(complete), CV_FOLDS)
+    weights = np.array(COST_WEIGHTS)[:, None, None] * PER_QUESTIONS
+    scores: dict[str, float] = {}
+    total = len(HEAD_C_GRID) * CV_FOLDS
+    for g, head_c in enumerate(HEAD_C_GRID):
+        utility = []
+        for f, fold in enumerate(folds):
+            notify("choosing the regularisation", g * CV_FOLDS + f, total)
+            fit_on = train.copy()
+            fit_on[fold] = False
+            p = np.empty((len(fold), right.shape[1]))
+            for j in range(right.shape[1]):
+                coef, intercept = _fit_head(inputs, right[:, j], fit_on, head_c)
+                p[:, j] = 1 / (1 + np.exp(-(inputs[fold] @ np.array(coef) + intercept)))
+            picks = (p[None] - weights * expected_cost[fold][None]).argmax(axis=2)
+            rows = np.arange(len(fold))
+            got = right[fold][rows, picks] - weights[:, :, 0] * cost[fold][rows, picks]
+            utility.append(got.mean(axis=0))
+        scores[f"{head_c:g}"] = round(float(np.concatenate(utility).mean()), 6)
+    notify("choosing the regularisation", total, total)
+    best = max(HEAD_C_GRID, key=lambda c: (scores[f"{c:g}"], -c))
+    return best, scores
 
 
 def _fit_domains(
