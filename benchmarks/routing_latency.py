@@ -11,8 +11,9 @@ before and after loading it and deciding once).
     python benchmarks/routing_latency.py [--router router.json] [--questions 200]
         [--model-questions 8]
 
-Without ``--router`` a router with random heads over the pool's workers is used: how long a
-decision takes does not depend on what the heads learnt.
+Without ``--router`` a router with random heads over the simulated pool's workers is used: how
+long a decision takes does not depend on what the heads learnt. With ``--router`` the pool is
+the router's own workers.
 """
 
 from __future__ import annotations
@@ -103,6 +104,9 @@ async def main(options: argparse.Namespace) -> None:
     before = resident_mb()
     if options.router:
         router = Router.load(options.router)
+        # The pool a request shows is the router's own workers (a router trained on an outcome
+        # table knows the recorded models, not the simulated ones).
+        pool = [PoolEntry(name=name, description=f"worker {name}") for name in router.names]
     else:
         router = Router(random_router([entry.name for entry in pool]))
     routed_planner = ConductorPlanner(backend=None, router=router)  # type: ignore[arg-type]
