@@ -3,16 +3,13 @@ and chooses in serving exactly as training measured it."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
-import numpy.typing as npt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -40,27 +37,13 @@ from conductor_trainer.routing_data import RoutingData, train_router
 
 from fakes.api_process import announced_addresses, start_api_role
 from fakes.cli import run_conductor
+from fakes.embedder import HASH_DIM, HashEmbedder
 from fakes.gateway_process import write_pool_file
 from fakes.openai_server import FakeOpenAIServer
 from fakes.scripted import ScriptedBackend, lists
 
-DIM = 8
+DIM = HASH_DIM
 NAMES = ["alpha", "beta", "gamma", "delta", "epsilon"]
-
-
-class HashEmbedder:
-    """A stand-in for WordLlama: a fixed unit vector per text, no model."""
-
-    name = "wordllama-l2-256"
-    dim = DIM
-
-    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        rows = []
-        for text in texts:
-            seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big")
-            v = np.random.default_rng(seed).normal(size=DIM)
-            rows.append(v / np.linalg.norm(v))
-        return np.array(rows, dtype=np.float32)
 
 
 def model(seed: int = 0) -> RouterModel:

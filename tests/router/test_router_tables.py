@@ -7,7 +7,6 @@ Every table here is written by the test itself, seeded, so the router finds the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -35,24 +34,11 @@ from conductor_router import (
 from conductor_router.model import DomainHead
 from conductor_trainer.routing_data import routing_data, table_routing_data, train_router
 
-DIM = 8
+from fakes.embedder import HASH_DIM, HashEmbedder
+
+DIM = HASH_DIM
 FEATURES = len(QUESTION_FEATURES)
 DOCUMENTED_ROUTER = Path(__file__).resolve().parents[2] / "docs/runs/router-sim/router.json"
-
-
-class HashEmbedder:
-    """A stand-in for WordLlama: a fixed unit vector per text, no model."""
-
-    name = "wordllama-l2-256"
-    dim = DIM
-
-    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        rows = []
-        for text in texts:
-            seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big")
-            v = np.random.default_rng(seed).normal(size=DIM)
-            rows.append(v / np.linalg.norm(v))
-        return np.array(rows, dtype=np.float32).reshape(len(texts), DIM)
 
 
 def write_table(path: Path, rows: list[dict[str, Any]]) -> Path:
