@@ -27,10 +27,12 @@ from conductor_router import (
     Router,
     RouterModel,
     WorkerHead,
+    fit_routers,
     held_out_report,
     load_router_model,
     save_router_model,
 )
+from conductor_router.fitting import HEAD_C, HEAD_C_GRID
 from conductor_router.model import DomainHead
 from conductor_trainer.routing_data import routing_data, table_routing_data, train_router
 
@@ -811,3 +813,47 @@ def test_a_best_single_worker_that_costs_nothing_leaves_the_cost_share_unsaid() 
         assert budget["point"]["cost_usd"] == 0.0  # the free worker, at every cost weight
         assert budget["cost_share"] is None
         assert budget["minus_best_single"] == 0
+
+
+# -- the regularisation chosen by cross-validation ---------------------------------------------
+
+
+@pytest.mark.parametrize(("training", "cross_validated"), [(600, True), (499, False)])
+def test_the_heads_regularisation_is_cross_validated_from_500_training_items(
+    training: int, cross_validated: bool
+) -> None:
+    # Given questions of two domains, a worker right on one and one right on the other
+    rng = np.random.default_rng(3)
+    n = training + 100
+    domains = ["a" if i % 2 else "b" for i in range(n)]
+    right = np.array(
+        [
+            [float(rng.random() < (0.9 if d == "a" else 0.2)), float(rng.random() < 0.6)]
+            for d in domains
+        ]
+    )
+    cost = np.full((n, 2), 0.001)
+    train = np.arange(n) < training
+    questions = [f"question {i} of {d}" for i, d in enumerate(domains)]
+    embedder = HashEmbedder()
+    # When the routers are fitted
+    models = fit_routers(
+        questions,
+        embedder.embed(questions),
+        workers=["alpha", "beta"],
+        right=right,
+        cost=cost,
+        train=train,
+        embedder=embedder,  # type: ignore[arg-type]
+        domains=domains,
+    )
+    # Then the router's C is one of the grid, chosen by its cross-validated scores from 500
+    # training items on, and the default below
+    trained = models["router"].trained
+    if cross_validated:
+        scores = trained["head_c_cv"]
+        assert set(scores) == {f"{c:g}" for c in HEAD_C_GRID}
+        assert trained["head_c"] in HEAD_C_GRID
+        assert scores[f"{trained['head_c']:g}"] == max(scores.values())
+    else:
+        assert (trained["head_c"], trained["head_c_cv"]) == (HEAD_C, {})
