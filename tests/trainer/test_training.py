@@ -13,6 +13,7 @@ from conductor.pool import Provider, parse_pool
 from conductor.ports import PlanRequest
 from conductor.workflow import PlanOutcome, PoolEntry
 from conductor_evaluation.datasets import load_suite
+from conductor_evaluation.replay import ReplayWorker, replay_pool
 from conductor_evaluation.reward import INVALID, RIGHT, WRONG
 from conductor_evaluation.sim import SimWorker, builtin_sim_pool
 from conductor_evaluation.split import HELD_OUT_SHARE, is_held_out, split_items
@@ -27,6 +28,7 @@ from fakes.cli import run_conductor, run_conductor_here
 from fakes.scripted import ScriptedBackend
 
 SIM_PROVIDER = {Provider.SIM: SimWorker.from_spec}
+REPLAY_PROVIDER = {Provider.REPLAY: ReplayWorker.from_spec}
 
 POOL = parse_pool(
     {
@@ -547,3 +549,27 @@ def test_the_format_warmup_leaves_activation_checkpointing_as_it_found_it(
         model, tokenizer, examples, steps=1, learning_rate=1e-4, out=tmp_path, use_cpu=True, seed=0
     )
     assert not checkpointing_is_on(model)
+
+
+async def test_a_sampled_plan_on_a_replay_pool_is_rewarded_by_the_final_workers_recorded_score(
+    tmp_path: Path,
+) -> None:
+    # Given an outcome table on which one recorded worker was right and the other wrong, and
+    # its replay pool
+    table = tmp_path / "table.jsonl"
+    outcomes = {"acme/Right": {"score": 1.0, "cost_usd": 0.01}, "acme/Wrong": {"score": 0.0}}
+    row = {"id": "q1", "question": "What is 6 * 7?", "domain": "math", "split": "train"}
+    table.write_text(json.dumps({**row, "outcomes": outcomes}) + "\n", encoding="utf-8")
+    pool = replay_pool(table)
+    items = {item.key: item for item in load_suite(f"table:{table}")}
+    key = next(iter(items))
+    gateway = WorkerGateway(pool, build_workers(pool, providers=REPLAY_PROVIDER))
+    rewarder = PlanRewarder(pool, gateway, items)
+    names = [w.name for w in pool.workers]  # "right", "wrong"
+    # When plans answer through each, and through the wrong one checking the right one
+    # Then each is rewarded as its final worker's recorded score says (no verifier can read a
+    # replayed answer)
+    assert (await rewarder.score(lists([names.index("right")]), key, names)).reward == RIGHT
+    assert (await rewarder.score(lists([names.index("wrong")]), key, names)).reward == WRONG
+    two_steps = lists([names.index("right"), names.index("wrong")], '["all"]')
+    assert (await rewarder.score(two_steps, key, names)).reward == WRONG

@@ -27,6 +27,7 @@ from conductor_evaluation.outcomes import (
 )
 from conductor_evaluation.results import ItemResult, ResultStore
 from conductor_evaluation.reward import INVALID, method_reward
+from conductor_evaluation.runner import judge
 from conductor_evaluation.sim import simulating
 from conductor_evaluation.split import is_held_out, split_items
 from conductor_evaluation.strategies import given_outcome
@@ -51,6 +52,7 @@ __all__ = [
     "given_outcome",
     "import_outcomes",
     "is_held_out",
+    "judge",
     "load_suite",
     "method_reward",
     "read_outcome_table",

@@ -113,6 +113,15 @@ async def run_jobs(
     return list(await asyncio.gather(*(one(item, strategy) for item, strategy in jobs)))
 
 
+async def judge(item: EvalItem, workflow: WorkflowRecord, pool: Pool) -> Verdict:
+    """A completed workflow's verdict: a table's question by the recorded score of the worker
+    whose answer is final (no verifier can read a replayed answer), any other by its suite's
+    verifier. Evaluation and training judge alike through it."""
+    if item.kind is AnswerKind.REPLAY:
+        return replay_verdict(item, workflow, pool)
+    return await verify(item, workflow.answer)
+
+
 async def run_one(
     item: EvalItem, strategy: Strategy, runtime: EvalRuntime, *, seed: int
 ) -> ItemResult:
@@ -121,10 +130,7 @@ async def run_one(
     with evaluating(item, seed):
         workflow = await executor.run(item.question, variant)
         if workflow.status is WorkflowStatus.COMPLETED:
-            if item.kind is AnswerKind.REPLAY:
-                verdict = replay_verdict(item, workflow, runtime.pool)
-            else:
-                verdict = await verify(item, workflow.answer)
+            verdict = await judge(item, workflow, runtime.pool)
         else:
             verdict = Verdict(correct=False, detail=workflow.error or "the workflow failed")
             if item.kind is AnswerKind.REPLAY:

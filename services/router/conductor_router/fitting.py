@@ -40,9 +40,10 @@ from conductor_router.text_features import QUESTION_FEATURES, question_features
 # The score is the routed utility (right share minus cost weight times cost) averaged over the
 # swept cost weights: at one price for all it is the routed accuracy. Fewer training items
 # than CV_MIN_ITEMS: HEAD_C, with no cross-validation (a fifth of a few hundred items cannot
-# tell these values apart, and the 20 extra fits per head would cost more than they tell). The domain chances enter the heads at
-# weight 10: chosen on RouterBench's training split, where without them (C = 3, the choice
-# made on the simulated pool) the curve area was 0.8223 and with them (C = 0.3) 0.8267.
+# tell these values apart, and the 20 extra fits per head would cost more than they tell).
+# The domain chances enter the heads at weight 10: chosen on RouterBench's training split,
+# where without them (C = 3, the choice made on the simulated pool) the curve area was 0.8223
+# and with them (C = 0.3) 0.8267.
 HEAD_C = 0.3
 HEAD_C_GRID = (0.03, 0.1, 0.3, 1.0)
 CV_FOLDS = 5

@@ -33,7 +33,7 @@ from conductor.ports import Planner, PlanRequest, StepRunner
 from conductor.protocol import ParseFailure, parse_plan, validate_plan
 from conductor.variants import MAX_STEPS_LIMIT, Variant
 from conductor.workflow import Plan, PlanOutcome, StepKind, WorkflowStatus
-from conductor_evaluation import INVALID, EvalItem, given_outcome, method_reward, simulating, verify
+from conductor_evaluation import INVALID, EvalItem, given_outcome, judge, method_reward, simulating
 from conductor_trainer.checkpointing import checkpointing_is_on, set_checkpointing
 from conductor_trainer.metrics import (
     ACCURACY,
@@ -202,7 +202,7 @@ class PlanRewarder:
             result = await executor.run(item.question, self.variant, pool=list(pool_names))
             correct = (
                 result.status is WorkflowStatus.COMPLETED
-                and (await verify(item, result.answer)).correct
+                and (await judge(item, result, self.pool)).correct
             )
         worker_steps = [s for s in result.steps if s.kind is StepKind.WORKER]
         # Recursed: a later round's worker answered. A hand-back whose next round stopped (or
