@@ -30,7 +30,7 @@ from conductor_router.embedding import QuestionEmbedder
 from conductor_router.model import PER_QUESTIONS, DomainHead, RouterModel, WorkerHead
 from conductor_router.packed_array import PackedArray
 from conductor_router.report import COST_WEIGHTS
-from conductor_router.serving import known_mean, softmax
+from conductor_router.serving import domain_costs, known_mean, softmax
 from conductor_router.text_features import QUESTION_FEATURES, question_features
 
 # The inverse regularisation of each worker's logistic head is chosen per training set, by
@@ -204,8 +204,7 @@ def _expected_costs(
     if domains is None:
         return np.tile([h.cost_usd for h in heads], (len(inputs), 1))
     chances = inputs[:, : len(domains.names)] / domains.weight
-    per_domain = np.array([h.domain_cost_usd or [h.cost_usd] * len(domains.names) for h in heads])
-    result: npt.NDArray[np.float64] = chances @ per_domain.T
+    result: npt.NDArray[np.float64] = chances @ domain_costs(heads, len(domains.names))
     return result
 
 

@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from conductor.errors import ConfigurationError
 from conductor_router.embedding import QuestionEmbedder
-from conductor_router.model import PER_QUESTIONS, RouterModel, load_router_model
+from conductor_router.model import PER_QUESTIONS, RouterModel, WorkerHead, load_router_model
 from conductor_router.text_features import QUESTION_FEATURES, question_features
 
 
@@ -77,13 +77,7 @@ class Router:
             self._domain_coef = np.array(model.domains.coef, dtype=np.float64)
             self._domain_intercept = np.array(model.domains.intercept, dtype=np.float64)
             # (domains, workers): a worker without costs per domain costs its mean in each.
-            self._domain_cost = np.array(
-                [
-                    w.domain_cost_usd or [w.cost_usd] * len(model.domains.names)
-                    for w in model.workers
-                ],
-                dtype=np.float64,
-            ).T
+            self._domain_cost = domain_costs(model.workers, len(model.domains.names))
         if model.head == "logistic":
             self._coef = np.array([w.coef for w in model.workers], dtype=np.float64)
             self._intercept = np.array([w.intercept for w in model.workers], dtype=np.float64)
@@ -196,6 +190,14 @@ class Router:
         # Ties go to the cheaper worker, then to the pool's order.
         best = max(scores, key=lambda n: (scores[n].utility, -scores[n].cost_usd))
         return RoutingDecision(worker=best, cost_weight=weight, scores=scores)
+
+
+def domain_costs(heads: Sequence[WorkerHead], domains: int) -> npt.NDArray[np.float64]:
+    """(domains, workers): each worker's mean cost per domain; a worker without costs per
+    domain costs its mean in each. A question's expected costs are its domain chances times
+    this."""
+    per_worker = [h.domain_cost_usd or [h.cost_usd] * domains for h in heads]
+    return np.array(per_worker, dtype=np.float64).reshape(len(heads), domains).T
 
 
 def softmax(logits: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
