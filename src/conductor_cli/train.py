@@ -68,6 +68,15 @@ def train_command(
         False, "--resume", help="Carry on from the last checkpoint in OUT/trainer."
     ),
     seed: int = typer.Option(0, "--seed"),
+    cost_weight: float = typer.Option(
+        0.0,
+        "--cost-weight",
+        min=0.0,
+        max=1.0,
+        help="Cost-aware reward: a valid plan loses this times its workers' cost over the most "
+        "expensive single call on its question (0: the method's reward). The checkpoint "
+        "records it.",
+    ),
     lora_rank: int = typer.Option(
         0,
         "--lora-rank",
@@ -96,8 +105,9 @@ def train_command(
     ),
 ) -> None:
     """Train the Conductor with GRPO: each sampled plan runs on the pool and is verified
-    (reward 0 unparseable, 0.5 wrong, 1 right). Writes OUT/checkpoint (served by the planner's
-    transformers backend), OUT/metrics.jsonl and OUT/training_curve.png."""
+    (reward 0 unparseable, 0.5 wrong, 1 right; less a cost term with --cost-weight). Writes
+    OUT/checkpoint (served by the planner's transformers backend), OUT/metrics.jsonl and
+    OUT/training_curve.png."""
     from conductor_cli.wiring import in_process_gateway
     from conductor_trainer.train import STEP_DONE, TrainOptions, train
 
@@ -123,6 +133,7 @@ def train_command(
         resume=resume,
         recursion_stage=recursion_stage,
         first_round_discount=first_round_discount,
+        cost_weight=cost_weight,
         extra=grpo_fields(grpo),
     )
     settings = get_settings()

@@ -300,6 +300,28 @@ def test_the_conductor_may_be_the_last_step() -> None:
     assert _validate([0, 2], ["a", "review"], [[], ["all"]], conductor_id=2) == []
 
 
+def test_a_subtask_copied_from_the_examples_is_refused_where_they_were_shown() -> None:
+    copied = EXAMPLES[2].plan.steps[0].subtask  # "Answer with the letter of ... only."
+    for variant in (copied, "  " + copied.upper().rstrip(".") + "  ", copied.replace(" ", "\n")):
+        shown = validate_plan(
+            ParsedLists([0], [variant], [[]], form="lists"),
+            pool_size=2,
+            max_steps=3,
+            examples_shown=True,
+        )
+        assert not shown.valid
+        assert "copied from the prompt's examples" in shown.errors[0]
+    # Without the examples in its prompt a model cannot have copied them.
+    assert validate_plan(
+        ParsedLists([0], [copied], [[]], form="lists"), pool_size=2, max_steps=3
+    ).valid
+    # Every example subtask, of both plan forms, counts; a subtask merely like one does not.
+    for example in EXAMPLES:
+        for step in (*example.plan.steps, *example.routing_plan.steps):
+            assert _validate([0], [step.subtask], [[]], examples_shown=True)
+    assert _validate([0], [copied + " Then explain why."], [[]], examples_shown=True) == []
+
+
 def test_fallback_is_one_step_on_the_given_worker() -> None:
     assert fallback_plan(1).steps == (PlanStep(model_id=1, subtask="Answer the question."),)
 

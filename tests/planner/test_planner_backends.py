@@ -25,6 +25,7 @@ import pytest
 from conductor.chat import ChatMessage, Completion
 from conductor.errors import ConductorError, ConfigurationError, ModelNotFoundError
 from conductor.ports import PlanFormat, PlanRequest
+from conductor.protocol import fallback_plan
 from conductor.workflow import PlanOutcome, PoolEntry
 from conductor_adapters.llamacpp import smollm2_gguf_path
 from conductor_adapters.settings import Settings, default_cache_dir
@@ -266,6 +267,21 @@ async def test_the_planner_sends_the_prompt_form_its_backend_was_trained_on(
     assert outcome.valid
     system = backend.requests[0]["messages"][0].content
     assert ("Example 1" in system) is examples
+
+
+async def test_a_plan_that_copies_an_example_subtask_falls_back_to_the_question_as_asked() -> None:
+    from conductor.protocol.examples import EXAMPLES
+
+    from fakes.scripted import ScriptedBackend, lists
+
+    copied = EXAMPLES[2].routing_plan.steps[0].subtask
+    backend = ScriptedBackend([lists([1], [copied], [[]])], prompt_examples=True)
+    pool = [PoolEntry(name="a", description="any"), PoolEntry(name="b", description="any")]
+    request = PlanRequest(question="pens?", pool=pool, max_steps=5, fallback_model_id=0)
+    outcome = await ConductorPlanner(backend).plan(request)
+    assert not outcome.valid
+    assert "copied from the prompt's examples" in outcome.errors[0]
+    assert outcome.plan == fallback_plan(0)
 
 
 # -- transformers: micro-batching ------------------------------------------------------------

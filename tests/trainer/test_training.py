@@ -359,7 +359,14 @@ def test_lora_training_saves_the_adapters_merged_into_one_model_the_planner_serv
 
     out = tmp_path / "train"
     done = tiny_training_run(
-        out, "--lora-rank", "4", "--no-prompt-examples", steps=1, base_model=tiny_model
+        out,
+        "--lora-rank",
+        "4",
+        "--no-prompt-examples",
+        "--cost-weight",
+        "0.05",
+        steps=1,
+        base_model=tiny_model,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     checkpoint = out / "checkpoint"
@@ -371,6 +378,9 @@ def test_lora_training_saves_the_adapters_merged_into_one_model_the_planner_serv
     assert {n: t.shape for n, t in trained.items()} == {n: t.shape for n, t in base.items()}
     recorded = json.loads((out / "train_options.json").read_text())
     assert (recorded["lora_rank"], recorded["prompt_examples"]) == (4, False)
+    # The checkpoint itself records the reward's cost weight it was trained with.
+    form = json.loads((checkpoint / "conductor_prompt.json").read_text())
+    assert form == {"few_shot_examples": False, "reward_cost_weight": 0.05}
     assert_served(checkpoint, prompt_examples=False)  # served as trained: without the examples
 
 
@@ -573,3 +583,71 @@ async def test_a_sampled_plan_on_a_replay_pool_is_rewarded_by_the_final_workers_
     assert (await rewarder.score(lists([names.index("wrong")]), key, names)).reward == WRONG
     two_steps = lists([names.index("right"), names.index("wrong")], '["all"]')
     assert (await rewarder.score(two_steps, key, names)).reward == WRONG
+
+
+def _priced_replay(tmp_path: Path) -> tuple[PlanRewarder, str, list[str]]:
+    """A rewarder on a replay pool where both workers are right: "dear" costs 4 cents and
+    "cheap" 1 cent on the question, with a cost weight of 0.2."""
+    table = tmp_path / "table.jsonl"
+    outcomes = {
+        "acme/Dear": {"score": 1.0, "cost_usd": 0.04},
+        "acme/Cheap": {"score": 1.0, "cost_usd": 0.01},
+    }
+    row = {"id": "q1", "question": "What is 6 * 7?", "domain": "math", "split": "train"}
+    table.write_text(json.dumps({**row, "outcomes": outcomes}) + "\n", encoding="utf-8")
+    pool = replay_pool(table)
+    items = {item.key: item for item in load_suite(f"table:{table}")}
+    gateway = WorkerGateway(pool, build_workers(pool, providers=REPLAY_PROVIDER))
+    rewarder = PlanRewarder(pool, gateway, items, cost_weight=0.2)
+    return rewarder, next(iter(items)), [w.name for w in pool.workers]
+
+
+async def test_a_cost_aware_reward_charges_a_plan_its_cost_over_the_dearest_single_call(
+    tmp_path: Path,
+) -> None:
+    # Given two workers right on the question, one four times the other's price
+    rewarder, key, names = _priced_replay(tmp_path)
+    dear, cheap = names.index("dear"), names.index("cheap")
+    # Then the dearest single call is the dear worker's recorded cost
+    assert await rewarder.dearest_call(rewarder.items[key]) == pytest.approx(0.04)
+    # And a right plan loses weight x its cost over that call: the cheap one a quarter of it
+    by_dear = await rewarder.score(lists([dear]), key, names)
+    by_cheap = await rewarder.score(lists([cheap]), key, names)
+    assert by_dear.reward == pytest.approx(RIGHT - 0.2)
+    assert by_cheap.reward == pytest.approx(RIGHT - 0.2 * 0.25)
+    assert by_cheap.relative_cost == pytest.approx(0.25)
+    # Two calls cost the sum of both; an invalid plan still earns 0, never less
+    both = await rewarder.score(lists([cheap, dear], '["all"]'), key, names)
+    assert both.reward == pytest.approx(RIGHT - 0.2 * 1.25)
+    assert (await rewarder.score("no plan", key, names)).reward == INVALID
+    # And the metric the training curve shows is the valid plans' mean relative cost
+    logged: dict[str, float] = {}
+    await rewarder.reward_function()(
+        prompts=["p"] * 2,
+        completions=[lists([dear]), lists([cheap])],
+        item_key=[key] * 2,
+        pool_names=[names] * 2,
+        log_metric=logged.__setitem__,
+    )
+    assert logged["relative_cost"] == pytest.approx((1 + 0.25) / 2)
+
+
+def test_a_cost_weight_outside_zero_to_one_is_refused(tmp_path: Path) -> None:
+    from conductor.errors import ConfigurationError
+
+    rewarder, _, _ = _priced_replay(tmp_path)
+    with pytest.raises(ConfigurationError, match="--cost-weight must be between 0 and 1"):
+        PlanRewarder(rewarder.pool, rewarder.gateway, rewarder.items, cost_weight=1.5)
+
+
+async def test_a_plan_copying_an_example_subtask_is_invalid_where_the_prompt_showed_them(
+    rewarder: PlanRewarder,
+) -> None:
+    from conductor.protocol.examples import EXAMPLES
+
+    copied = EXAMPLES[0].routing_plan.steps[0].subtask
+    text = f"model_id = [1]\nsubtasks = {json.dumps([copied])}\naccess_list = [[]]"
+    assert rewarder.prompt_examples  # the default, as train's default prompt carries them
+    assert (await rewarder.score(text, KEY, ["never", "always"])).reward == INVALID
+    rewarder.prompt_examples = False
+    assert (await rewarder.score(text, KEY, ["never", "always"])).reward == RIGHT

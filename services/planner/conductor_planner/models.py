@@ -90,11 +90,15 @@ def prompt_examples_of(source: ModelSource, *, default: bool = True) -> bool:
     return value
 
 
-def write_prompt_form(directory: Path, *, examples: bool) -> None:
-    """Records in a checkpoint directory whether its model was trained with the examples."""
-    (directory / PROMPT_FORM_FILE).write_text(
-        json.dumps({"few_shot_examples": examples}) + "\n", encoding="utf-8"
-    )
+def write_prompt_form(
+    directory: Path, *, examples: bool, reward_cost_weight: float | None = None
+) -> None:
+    """Records in a checkpoint directory whether its model was trained with the examples, and
+    the cost weight of the reward it was trained with (GRPO's; None before GRPO)."""
+    form: dict[str, object] = {"few_shot_examples": examples}
+    if reward_cost_weight is not None:
+        form["reward_cost_weight"] = reward_cost_weight
+    (directory / PROMPT_FORM_FILE).write_text(json.dumps(form) + "\n", encoding="utf-8")
 
 
 def load_pretrained(source: ModelSource, *, dtype: Any) -> tuple[Any, Any]:

@@ -133,6 +133,7 @@ class ConductorPlanner:
                 max_steps=request.max_steps,
                 conductor_id=conductor_id,
                 allow_stop=allow_stop,
+                examples_shown=self.backend.prompt_examples,
             )
             errors, plan, stop = validation.errors, validation.plan, validation.stop
         if errors:

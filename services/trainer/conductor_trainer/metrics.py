@@ -17,6 +17,9 @@ RECURSION_RATE = "recursion_rate"  # the recursion stage only
 # it a step, and the share of plans with a step that saw an earlier step's output.
 WORKER_SHARE = "worker_share/"
 SEES_EARLIER = "sees_earlier"
+# A cost-aware reward's cost term: valid plans' workers' cost over their question's most
+# expensive single call, averaged.
+PLAN_COST = "relative_cost"
 
 
 class MetricsFile:

@@ -15,6 +15,14 @@ is at that moment. The method says only that the stage discounts "the first roun
 would change nothing, so we read it as: a workflow whose answer comes from the first round
 (the plan did not recurse) earns 0.25 x its reward, one that recursed earns its final answer's
 full reward. ``--first-round-discount 1`` turns the discount off.
+
+A cost weight makes the reward cost-aware: a valid plan's reward loses ``cost_weight`` x its
+workers' cost divided by the most expensive single call on its question (each worker of the
+pool asked the question alone, once per question and remembered: free on simulated and replay
+workers, one paid call per worker and question on live ones). Calling the dearest worker once
+costs ``cost_weight``; calling it three times, three times that. It never takes a valid plan
+below an invalid one's 0: a wrong plan that cost too much and a plan that could not run are
+then alike, so weights above 0.5 / max steps blur that line. 0 is the method's reward.
 """
 
 from __future__ import annotations
@@ -30,14 +38,15 @@ from conductor.errors import ConductorError, ConfigurationError
 from conductor.executor import WorkflowExecutor
 from conductor.pool import Pool
 from conductor.ports import Planner, PlanRequest, StepRunner
-from conductor.protocol import ParseFailure, parse_plan, validate_plan
+from conductor.protocol import ParseFailure, fallback_plan, parse_plan, validate_plan
 from conductor.variants import MAX_STEPS_LIMIT, Variant
-from conductor.workflow import Plan, PlanOutcome, StepKind, WorkflowStatus
+from conductor.workflow import Plan, PlanOutcome, StepKind, StepRecord, WorkflowStatus
 from conductor_evaluation import INVALID, EvalItem, given_outcome, judge, method_reward, simulating
 from conductor_trainer.checkpointing import checkpointing_is_on, set_checkpointing
 from conductor_trainer.metrics import (
     ACCURACY,
     FORMAT_VALID,
+    PLAN_COST,
     RECURSION_RATE,
     SEES_EARLIER,
     STEPS_PER_PLAN,
@@ -58,6 +67,9 @@ class Rollout:
     recursed: bool = False
     workers: tuple[str, ...] = ()  # of the worker steps, in order
     sees_earlier: bool = False  # a worker step saw an earlier step's output
+    # Its workers' cost over the most expensive single call on its question (cost-aware
+    # rewards only; 0 otherwise and for invalid plans).
+    relative_cost: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -157,15 +169,24 @@ class PlanRewarder:
         seed: int = 0,
         recursion: RecursionStage | None = None,
         planner_max_tokens: int = 1024,
+        prompt_examples: bool = True,
+        cost_weight: float = 0.0,
     ) -> None:
         if recursion is not None and max_steps < 2:
             raise ConfigurationError("the recursion stage needs plans of 2 steps or more")
+        if not 0 <= cost_weight <= 1:
+            raise ConfigurationError(f"--cost-weight must be between 0 and 1, not {cost_weight}")
+        self.cost_weight = cost_weight
+        self._dearest_call: dict[str, float] = {}  # per question: its most expensive single call
         self.pool = pool
         self.gateway = gateway
         self.items = items
         self.max_steps = max_steps
         self.seed = seed
         self.recursion = recursion
+        # The prompts carried the few-shot examples: a copied example subtask is invalid, as
+        # the planner judges it in serving.
+        self.prompt_examples = prompt_examples
         self.variant = Variant(
             name="grpo-rollout",
             description="a sampled plan run for its reward",
@@ -189,6 +210,7 @@ class PlanRewarder:
             max_steps=self.max_steps,
             conductor_id=conductor_id,
             allow_stop=False,
+            examples_shown=self.prompt_examples,
         )
         if checked.errors or checked.plan is None:
             return Rollout(INVALID, False, False, 0, tuple(checked.errors))
@@ -205,12 +227,17 @@ class PlanRewarder:
                 and (await judge(item, result, self.pool)).correct
             )
         worker_steps = [s for s in result.steps if s.kind is StepKind.WORKER]
+        relative_cost = 0.0
+        if self.cost_weight:
+            dearest = await self.dearest_call(item)
+            relative_cost = _workers_cost(worker_steps) / dearest if dearest > 0 else 0.0
         # Recursed: a later round's worker answered. A hand-back whose next round stopped (or
         # was invalid, which stops it) leaves the first round's answer, discounted.
         recursed = any(s.round > 0 and s.kind is StepKind.WORKER for s in result.steps)
         reward = method_reward(valid=True, correct=correct)
         if self.recursion and not recursed:
             reward *= self.recursion.first_round_discount
+        reward = max(INVALID, reward - self.cost_weight * relative_cost)
         return Rollout(
             reward,
             True,
@@ -219,7 +246,29 @@ class PlanRewarder:
             recursed=recursed,
             workers=tuple(s.worker for s in worker_steps),
             sees_earlier=any(s.visible_steps for s in worker_steps),
+            relative_cost=relative_cost,
         )
+
+    async def dearest_call(self, item: EvalItem) -> float:
+        """The most expensive single call on ``item``'s question: each worker of the pool asked
+        it alone (the question as asked), once; remembered per question. Calls that fail
+        count 0 (a replay worker not recorded on it)."""
+        if item.key not in self._dearest_call:
+            one_step = self.variant.model_copy(update={"max_steps": 1, "recursion_rounds": 0})
+            names = [w.name for w in self.pool.workers]
+            costs = []
+            for model_id in range(len(names)):
+                executor = WorkflowExecutor(
+                    planner=_GivenPlan(fallback_plan(model_id), "each worker alone"),
+                    pool=self.pool,
+                    gateway=self.gateway,
+                )
+                with simulating(item, self.seed):
+                    result = await executor.run(item.question, one_step, pool=names)
+                steps = [s for s in result.steps if s.kind is StepKind.WORKER]
+                costs.append(_workers_cost(steps))
+            self._dearest_call[item.key] = max(costs, default=0.0)
+        return self._dearest_call[item.key]
 
     def reward_function(self) -> Callable[..., Any]:
         """The function GRPOTrainer calls (async: TRL runs it on its event loop thread)."""
@@ -246,10 +295,15 @@ class PlanRewarder:
                     rollouts,
                     recursion=self.recursion is not None,
                     workers=[w.name for w in self.pool.workers],
+                    cost_aware=bool(self.cost_weight),
                 )
             return [r.reward for r in rollouts]
 
         return plan_reward
+
+
+def _workers_cost(steps: Sequence[StepRecord]) -> float:
+    return sum(step.cost_usd for step in steps)
 
 
 def log_metric_summary(
@@ -258,9 +312,11 @@ def log_metric_summary(
     *,
     recursion: bool,
     workers: Sequence[str] = (),
+    cost_aware: bool = False,
 ) -> None:
     """The batch's metrics; with ``workers``, how the valid plans routed: per worker the share
-    of them that gave it a step, and the share with a step that saw an earlier one's output."""
+    of them that gave it a step, and the share with a step that saw an earlier one's output;
+    ``cost_aware``: the valid plans' mean cost relative to their question's dearest call."""
     valid = [r for r in rollouts if r.valid]
     log_metric(FORMAT_VALID, len(valid) / len(rollouts))
     log_metric(ACCURACY, sum(r.correct for r in rollouts) / len(rollouts))
@@ -270,5 +326,7 @@ def log_metric_summary(
             share = sum(worker in r.workers for r in valid) / len(valid)
             log_metric(WORKER_SHARE + worker, share)
         log_metric(SEES_EARLIER, sum(r.sees_earlier for r in valid) / len(valid))
+    if valid and cost_aware:
+        log_metric(PLAN_COST, sum(r.relative_cost for r in valid) / len(valid))
     if recursion:
         log_metric(RECURSION_RATE, sum(r.recursed for r in rollouts) / len(rollouts))

@@ -68,6 +68,9 @@ class TrainOptions:
     # and answers reached in the first round earn their reward x first_round_discount.
     recursion_stage: bool = False
     first_round_discount: float = 0.25
+    # The reward's cost term (rollout.py): a valid plan loses this x its workers' cost over its
+    # question's most expensive single call. 0: the method's reward. Recorded in the checkpoint.
+    cost_weight: float = 0.0
     seed: int = 0
     step_timeout_s: float = 120.0
     # LoRA adapters of this rank on every linear layer instead of training all weights (0: off);
@@ -269,6 +272,8 @@ def train(
             else None
         ),
         planner_max_tokens=options.max_completion_tokens,
+        prompt_examples=examples,
+        cost_weight=options.cost_weight,
     )
     options.out.mkdir(parents=True, exist_ok=True)
     if options.format_warmup_steps and not options.resume:  # a resumed run is past it
@@ -322,7 +327,7 @@ def train(
     else:
         trainer.save_model(str(checkpoint))
     tokenizer.save_pretrained(str(checkpoint))
-    write_prompt_form(checkpoint, examples=examples)
+    write_prompt_form(checkpoint, examples=examples, reward_cost_weight=options.cost_weight)
     recorded = vars(options) | {"prompt_examples": examples}
     (options.out / "train_options.json").write_text(
         json.dumps(

@@ -7,6 +7,7 @@ subtasks verbatim, and a copied subtask must still point its worker at the user'
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from conductor.workflow import ALL, Plan, PlanStep
@@ -116,3 +117,25 @@ EXAMPLES: tuple[FewShotExample, ...] = (
         routing_plan=_plan((2, "Compare the options the question names and recommend one.", ())),
     ),
 )
+
+
+def _normalised(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().rstrip(".!").casefold()
+
+
+# Every subtask the examples show, in either form. A plan that carries one word for word was
+# copied from the prompt, not written for the user's question: an untrained SmolLM2 answered
+# the README's pens question with the multiple-choice example's "Answer with the letter of the
+# correct option only.", and its worker then repeated the question.
+_EXAMPLE_SUBTASKS = frozenset(
+    _normalised(step.subtask)
+    for example in EXAMPLES
+    for plan in (example.plan, example.routing_plan)
+    for step in plan.steps
+)
+
+
+def copies_an_example(subtask: str) -> bool:
+    """Whether ``subtask`` is one of the examples' subtasks (case, spacing and a final full
+    stop aside)."""
+    return _normalised(subtask) in _EXAMPLE_SUBTASKS

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from conductor.protocol.examples import copies_an_example
 from conductor.protocol.parser import ParsedLists
 from conductor.workflow import ALL, AccessEntry, Plan, PlanStep
 
@@ -30,12 +31,15 @@ def validate_plan(
     max_steps: int,
     conductor_id: int | None = None,
     allow_stop: bool = False,
+    examples_shown: bool = False,
 ) -> Validation:
     """Check ids in the pool, 1..max_steps steps, equal lengths, access only to earlier steps.
 
     ``conductor_id`` is the pool id of the Conductor itself when recursion is offered; it may
     only be the last step, after at least one worker step. ``allow_stop`` accepts three empty
-    lists (the Conductor ending a recursion round).
+    lists (the Conductor ending a recursion round). ``examples_shown``: the prompt carried the
+    few-shot examples, and a subtask copied from them is refused (it is not a plan for this
+    question; the fallback sends the question as asked).
     """
     ids, subtasks, access = parsed.model_id, parsed.subtasks, parsed.access_list
     lengths = {len(ids), len(subtasks), len(access)}
@@ -60,6 +64,9 @@ def validate_plan(
     for index in range(count):
         model_id = _check_model_id(ids[index], index, count, pool_size, conductor_id, errors)
         subtask = _check_subtask(subtasks[index], index, errors)
+        if subtask is not None and examples_shown and copies_an_example(subtask):
+            errors.append(f"step {index}: subtask copied from the prompt's examples: {subtask!r}")
+            subtask = None
         entries = _check_access(access[index], index, errors)
         if model_id is not None and subtask is not None and entries is not None:
             steps.append(PlanStep(model_id=model_id, subtask=subtask, access_list=entries))
