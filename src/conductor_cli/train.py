@@ -48,6 +48,14 @@ def train_command(
         help="Supervised steps on random valid plans before GRPO, for base models that never "
         "write the three lists (SmolLM2-135M: try 40).",
     ),
+    warmup_labels: str | None = typer.Option(
+        None,
+        "--warmup-labels",
+        help="Route in the warm-up: its target plans send each training question to a "
+        "labelled worker. outcomes:PATH[:WEIGHT] (an outcome table or a conductor eval "
+        "directory: the best single call under the cost-aware reward at WEIGHT) or "
+        "router:FILE[:WEIGHT] (a trained router's choice). Needs --format-warmup.",
+    ),
     recursion_stage: bool = typer.Option(
         False,
         "--recursion-stage",
@@ -129,6 +137,7 @@ def train_command(
         precision=precision_choice(precision),
         prompt_examples=prompt_examples,
         format_warmup_steps=format_warmup,
+        warmup_labels=warmup_labels,
         save_every=save_every,
         resume=resume,
         recursion_stage=recursion_stage,

