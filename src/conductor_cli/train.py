@@ -29,6 +29,13 @@ def train_command(
     group: int = typer.Option(
         4, "--group-size", min=2, help="Samples per question (the paper: 64)."
     ),
+    loss_micro_batch: int | None = typer.Option(
+        None,
+        "--loss-micro-batch",
+        min=1,
+        help="Rows per forward and backward pass of the loss (the batch is sampled and rewarded "
+        "whole, then accumulated): memory scales with it. Default: the group size.",
+    ),
     learning_rate: float = typer.Option(1e-6, "--lr", help="AdamW learning rate (cosine)."),
     temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
     max_tokens: int = typer.Option(
@@ -126,6 +133,7 @@ def train_command(
         steps=steps,
         questions_per_step=questions,
         group_size=group,
+        loss_micro_batch=loss_micro_batch,
         learning_rate=learning_rate,
         temperature=temperature,
         max_completion_tokens=max_tokens,

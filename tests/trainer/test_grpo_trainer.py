@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -192,35 +194,133 @@ def shared_prefix_batch(own_lengths: list[int], completion_lengths: list[int]) -
     return ids, mask, completion_width
 
 
-@pytest.mark.training
-@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
-def test_the_loss_with_the_prefix_computed_once_matches_trls_log_probs_and_gradient(
-    trainers: tuple[Any, Any],
-) -> None:
+@contextmanager
+def prefix_keys_and_values_detached(model: Any, prefix_columns: Any) -> Iterator[None]:
+    """TRL's own forward pass with the keys and values of the shared prefix's positions cut from
+    the graph in every layer: what the loss computes when the prefix runs without gradient
+    (the prefix's hidden states reach the rows' tokens through its keys and values only)."""
     import torch
 
-    from conductor_trainer.checkpointing import checkpointing_is_on, set_checkpointing
+    def detach_prefix(_: Any, __: Any, output: Any) -> Any:
+        return torch.where(prefix_columns[..., None], output.detach(), output)
+
+    handles = [
+        module.register_forward_hook(detach_prefix)
+        for name, module in model.named_modules()
+        if name.endswith(("k_proj", "v_proj"))
+    ]
+    assert handles
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@pytest.mark.training
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["checkpointing-off", "on"])
+def test_the_loss_with_a_frozen_prefix_matches_trls_log_probs_and_gradient_without_it(
+    trainers: tuple[Any, Any], checkpointing: bool
+) -> None:
+    """Log-probabilities as TRL computes them; the gradient TRL's would be with the prefix's
+    keys and values held constant; the same with activation checkpointing (its replay reads the
+    prefix a second time) as without."""
+    import torch
+
+    from conductor_trainer.checkpointing import set_checkpointing
 
     trl_trainer, ours = trainers
     ours.model.load_state_dict(trl_trainer.model.state_dict())
-    ids, mask, keep = shared_prefix_batch([5, 1, 9, 3], [7, 2, 4, 7])
+    own = [5, 1, 9, 3]
+    ids, mask, keep = shared_prefix_batch(own, [7, 2, 4, 7])
+    prompt_width = ids.size(1) - keep
+    prefix_columns = torch.zeros(ids.shape, dtype=torch.bool)
+    for row, length in enumerate(own):
+        start = prompt_width - 40 - length
+        prefix_columns[row, start : start + 40] = True
     results = []
     for trainer in (trl_trainer, ours):
         model = trainer.model.train()
-        if checkpointing_is_on(model):  # the shared prefix needs it off
-            set_checkpointing(model, False)
+        set_checkpointing(model, checkpointing and trainer is ours)
         model.zero_grad()
-        type_ = type(trl_trainer)  # TRL's own method for the first, the override for ours
-        method = (
-            type_ if trainer is trl_trainer else type(ours)
-        )._get_per_token_logps_and_entropies
-        logps, entropies, _ = method(trainer, model, ids, mask, keep, compute_entropy=True)
+        if trainer is trl_trainer:
+            with prefix_keys_and_values_detached(model, prefix_columns):
+                logps, entropies, _ = type(trl_trainer)._get_per_token_logps_and_entropies(
+                    trainer, model, ids, mask, keep, compute_entropy=True
+                )
+        else:
+            logps, entropies, _ = type(ours)._get_per_token_logps_and_entropies(
+                trainer, model, ids, mask, keep, compute_entropy=True
+            )
         completion = mask[:, -keep:].bool()
         (logps[completion].sum() + entropies[completion].sum()).backward()
         gradient = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
         results.append((logps[completion].detach(), entropies[completion].detach(), gradient))
+        set_checkpointing(model, False)
     (expected_logps, expected_entropies, expected_gradient), (logps, entropies, gradient) = results
     assert torch.allclose(logps, expected_logps, atol=1e-5)
     assert torch.allclose(entropies, expected_entropies, atol=1e-5)
+    assert gradient.shape == expected_gradient.shape
     assert torch.allclose(gradient, expected_gradient, atol=1e-5, rtol=1e-4)
     assert gradient.abs().sum() > 0
+
+
+@pytest.mark.training
+def test_the_prefix_runs_once_per_optimizer_step_whatever_the_micro_batches(
+    trainers: tuple[Any, Any],
+) -> None:
+    import torch
+
+    from conductor_trainer.grpo_trainer import FrozenPrefix, per_token_logps_with_shared_prefix
+
+    model = trainers[1].model.eval()
+    ids, mask, keep = shared_prefix_batch([5, 1, 9, 3], [7, 2, 4, 7])
+    prefix = FrozenPrefix()
+    with torch.no_grad():
+        whole = per_token_logps_with_shared_prefix(
+            model, ids, mask, keep, compute_entropy=False, prefix=prefix, step=3
+        )
+        halves = [
+            per_token_logps_with_shared_prefix(
+                model, ids[rows], mask[rows], keep, compute_entropy=False, prefix=prefix, step=3
+            )
+            for rows in (slice(0, 2), slice(2, 4))
+        ]
+        assert prefix.computed == 1  # one prefix pass for the step's three batches
+        per_token_logps_with_shared_prefix(
+            model, ids, mask, keep, compute_entropy=False, prefix=prefix, step=4
+        )
+        assert prefix.computed == 2  # the weights may have changed: run it again
+    assert whole is not None
+    assert all(half is not None for half in halves)
+    together = torch.cat([half[0] for half in halves if half is not None])
+    completion = mask[:, -keep:].bool()
+    assert torch.allclose(together[completion], whole[0][completion], atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
+def test_the_loss_runs_in_micro_batches_that_divide_the_batch(tmp_path: Path) -> None:
+    import trl
+
+    from conductor.errors import ConfigurationError
+    from conductor_trainer.train import TrainOptions, grpo_config
+
+    def config(**options: Any) -> Any:
+        return grpo_config(
+            TrainOptions(suites=["gsm8k"], out=tmp_path, precision="fp32", **options),
+            trl,
+            use_cpu=True,
+        )
+
+    four_by_eight = config(questions_per_step=4, group_size=8)
+    # Sampled and rewarded as one batch of 32, the loss run a group (8 rows) at a time.
+    assert four_by_eight.generation_batch_size == 32
+    assert four_by_eight.per_device_train_batch_size == 8
+    assert four_by_eight.gradient_accumulation_steps == 4
+    assert (
+        config(questions_per_step=4, group_size=8, loss_micro_batch=32).gradient_accumulation_steps
+        == 1
+    )
+    with pytest.raises(ConfigurationError, match="--loss-micro-batch 5 must divide the batch"):
+        config(questions_per_step=4, group_size=8, loss_micro_batch=5)

@@ -9,11 +9,21 @@ once and copied to every row; each row's own rest of the prompt follows, padded 
 so positions (taken from the attention mask) are the same as without the prefix cache. The
 tokens sampled follow the same distribution; only the arithmetic order differs.
 
-**The shared prefix is computed once per batch in the loss too**, where activation
-checkpointing is off (checkpointing recomputes each layer in the backward pass, which would
-append the rows' keys to the shared cache a second time; TRL's own computation runs instead).
-The prefix runs once with gradients, its keys and values are copied to every row, and each
-row's own tokens attend to them: gradients from every row flow back into the one prefix pass.
+**The shared prefix is computed once per optimizer step in the loss too, without gradient.**
+Its keys and values are computed once (no graph kept), held read-only, and every row of every
+micro-batch of the step attends to them: the weights do not change between the micro-batches
+of one step, so the same keys serve them all. Only the rows' own tokens (the question and the
+sampled plan) run with gradients. The cost: the shared system prompt's own keys and values
+get no gradient (the gradient reaches the weights through the rows' tokens only). A read-only
+cache also lets activation checkpointing recompute a layer in the backward pass (the replay
+reads the same prefix; a growing cache would append the rows' keys twice), so checkpointing,
+where it is on, covers the rows' tokens only.
+
+**The loss runs in micro-batches** (TRL's gradient accumulation over one generation batch):
+4 questions x 8 samples are sampled and rewarded together, then go through the forward and
+backward passes 8 rows at a time, so the activations held at once are a quarter of the
+batch's. The loss is the same: each micro-batch's mean over its sequences, over the number
+of micro-batches.
 
 **Zero-advantage samples are left out of the loss.** A sample whose advantage is 0 (every
 sample of a group rewarded alike: all invalid, all wrong, all right) adds nothing to the
@@ -32,9 +42,9 @@ settings) falls back to TRL's own code untouched.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
-
-from conductor_trainer.checkpointing import checkpointing_is_on
 
 # Inputs laid out per completion token (batch x completion length): cut with the completion.
 _PER_COMPLETION_TOKEN = (
@@ -115,9 +125,10 @@ def grpo_trainer_class(trl: Any) -> Any:
                 or any(value is not None for value in multimodal.values())
                 or (batch_size is not None and batch_size < input_ids.size(0))
                 or self.accelerator.num_processes > 1
-                or checkpointing_is_on(model)
             )
             if not plain:
+                if not hasattr(self, "_frozen_prefix"):
+                    self._frozen_prefix = FrozenPrefix()
                 with self.accelerator.autocast():
                     shared = per_token_logps_with_shared_prefix(
                         model,
@@ -125,6 +136,8 @@ def grpo_trainer_class(trl: Any) -> Any:
                         attention_mask,
                         logits_to_keep,
                         compute_entropy=compute_entropy,
+                        prefix=self._frozen_prefix,
+                        step=self.state.global_step,
                     )
                 if shared is not None:
                     return (*shared, None)
@@ -209,6 +222,66 @@ def prefix_cache(model: Any, prefix_ids: Any, rows: int) -> Any:
     return cache
 
 
+class FrozenPrefix:
+    """The keys and values of a prompt prefix, computed without gradient once per optimizer
+    step and handed out read-only (``read_only_cache``) to every micro-batch of that step."""
+
+    def __init__(self) -> None:
+        self._key: tuple[int, tuple[int, ...]] | None = None
+        self._layers: list[tuple[Any, Any]] = []
+        self.computed = 0  # how many times a prefix was run (tests read it)
+
+    def cache(self, model: Any, prefix_ids: Any, *, step: int) -> Any:
+        import torch
+
+        key = (step, tuple(prefix_ids[0].tolist()))
+        if key != self._key:
+            with torch.no_grad():
+                output = model(input_ids=prefix_ids, use_cache=True)
+            cache = output.get("cache") or output.get("past_key_values")
+            self._layers = [(layer.keys, layer.values) for layer in cache.layers]
+            self._key = key
+            self.computed += 1
+        return read_only_cache(model, self._layers)
+
+
+def read_only_cache(model: Any, layers: list[tuple[Any, Any]]) -> Any:
+    """A KV cache holding ``layers``' keys and values (one row, read by every row of a batch:
+    expanded, not copied) that a forward pass reads but never grows: each layer attends to the
+    prefix followed by its own keys, and a layer run twice (activation checkpointing's replay)
+    sees the same."""
+    import torch
+    from transformers import DynamicCache
+
+    class ReadOnlyCache(DynamicCache):
+        def update(
+            self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any
+        ) -> tuple[Any, Any]:
+            layer: Any = self.layers[layer_idx]  # a DynamicLayer: the config's full attention
+            width = key_states.size(0)
+            keys = layer.keys.expand(width, -1, -1, -1).to(key_states.dtype)
+            values = layer.values.expand(width, -1, -1, -1).to(value_states.dtype)
+            return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
+
+    return ReadOnlyCache(ddp_cache_data=layers, config=model.config)
+
+
+@contextmanager
+def checkpointing_reads_the_cache(model: Any) -> Iterator[None]:
+    """Lets checkpointed decoder layers keep a (read-only) cache: transformers drops the cache
+    of a checkpointed layer, since a cache that grows would be written twice by the replay."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for layer in layers:
+        layer._can_checkpoint_with_cache = True
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer._can_checkpoint_with_cache  # back to the class's own value
+
+
 def per_token_logps_with_shared_prefix(
     model: Any,
     input_ids: Any,
@@ -216,11 +289,14 @@ def per_token_logps_with_shared_prefix(
     logits_to_keep: int,
     *,
     compute_entropy: bool,
+    prefix: FrozenPrefix | None = None,
+    step: int = 0,
 ) -> tuple[Any, Any] | None:
     """What TRL's ``_get_per_token_logps_and_entropies`` returns for left-padded prompts
     followed by ``logits_to_keep`` completion columns, with the prompts' shared prefix run
-    once. Each row is laid out as [prefix][padding][own prompt tokens][completion]. None
-    when the prompts share too short a prefix to gain from it."""
+    once without gradient (by ``prefix``, reused within optimizer step ``step``). Each row is
+    laid out as [prefix][padding][own prompt tokens][completion]. None when the prompts share
+    too short a prefix to gain from it."""
     import torch
 
     rows, width = input_ids.shape
@@ -238,15 +314,17 @@ def per_token_logps_with_shared_prefix(
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     labels = ids.masked_fill(mask == 0, -100)
     labels[:, :-logits_to_keep] = -100
-    cache = prefix_cache(model, ids[:1, :shared], rows)
-    outputs = model(
-        input_ids=ids[:, shared:],
-        attention_mask=mask,
-        position_ids=positions[:, shared:],
-        labels=labels[:, shared:],
-        fused_lm_head=True,
-        **{cache_keyword(model): cache},
-    )
+    prefix = prefix or FrozenPrefix()
+    cache = prefix.cache(model, ids[:1, :shared], step=step)
+    with checkpointing_reads_the_cache(model):
+        outputs = model(
+            input_ids=ids[:, shared:],
+            attention_mask=mask,
+            position_ids=positions[:, shared:],
+            labels=labels[:, shared:],
+            fused_lm_head=True,
+            **{cache_keyword(model): cache},
+        )
     logps = outputs.log_probs[:, -logits_to_keep:]
     entropies = outputs.entropy[:, -logits_to_keep:] if compute_entropy else None
     return logps, entropies

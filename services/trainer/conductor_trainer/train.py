@@ -54,6 +54,9 @@ class TrainOptions:
     steps: int = 20
     questions_per_step: int = 2  # the paper: 4
     group_size: int = 4  # samples per question (the paper: 64)
+    # Rows per forward and backward pass of the loss (TRL's gradient accumulation over one
+    # sampled batch): memory held at once scales with it. None: one question's samples.
+    loss_micro_batch: int | None = None
     learning_rate: float = 1e-6
     temperature: float = 1.0
     max_completion_tokens: int = 384  # the paper: 1024
@@ -123,6 +126,12 @@ def grpo_config(
     options: TrainOptions, trl: Any, *, use_cpu: bool, own_progress: bool = False
 ) -> Any:
     batch = options.questions_per_step * options.group_size
+    micro = options.loss_micro_batch or options.group_size
+    if micro < 1 or batch % micro:
+        raise ConfigurationError(
+            f"--loss-micro-batch {micro} must divide the batch ({options.questions_per_step} "
+            f"questions x {options.group_size} samples = {batch})"
+        )
     fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     unknown = sorted(set(options.extra) - fields)
     if unknown:
@@ -130,7 +139,9 @@ def grpo_config(
     settings: dict[str, Any] = dict(
         output_dir=str(options.out / "trainer"),
         max_steps=options.steps,
-        per_device_train_batch_size=batch,
+        # Sampled and rewarded as one batch, the loss run `micro` rows at a time.
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=batch // micro,
         num_generations=options.group_size,
         learning_rate=options.learning_rate,
         lr_scheduler_type="cosine",
