@@ -10,14 +10,17 @@ of the samples, the loss, backward, the optimizer). The first step carries one-o
 
     python benchmarks/grpo_step.py [--questions 4] [--samples 8] [--new-tokens 160]
         [--steps 2] [--lora-rank 0] [--checkpointing on|off] [--precision auto|bf16|fp32]
-        [--format-warmup 0] [--prompt-examples on|off] [--base-model M] [--out DIR]
+        [--loss-micro-batch N] [--format-warmup 40] [--prompt-examples on|off]
+        [--base-model M] [--out DIR]
 
 Fixed settings so that runs compare: 4 questions x 8 samples at 160 new tokens (sampling can
 stop a plan earlier), temperature 1, seed 0. Each option is one of ``conductor train``'s.
-An untrained SmolLM2 writes no valid plan, so every sample's advantage is 0 and its steps skip
-the loss: ``--format-warmup 40`` times steps of a model that writes valid plans (the warm-up
-itself is not timed). After the run, each step's share of valid plans and of samples left out
-of the loss is printed from the run's metrics.
+An untrained SmolLM2 writes no valid plan, so every sample's advantage is 0 and its steps would
+skip the loss: by default 40 format warm-up steps run first (untimed), so the steps timed are
+those of a model that writes valid plans (``--format-warmup 0`` times the untrained model).
+After the run, each step's share of valid plans and of samples left out of the loss is printed
+from the run's metrics, and the process's peak resident memory (the warm-up's included; the
+peak after each step is in the JSON).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Timings:
     """Seconds spent, per step, in each part; filled by the wrappers below."""
 
     step: list[float] = field(default_factory=list)
+    peak_rss_gb: list[float] = field(default_factory=list)  # the process's, after each step
     generate: list[float] = field(default_factory=lambda: [0.0])
     reward: list[float] = field(default_factory=lambda: [0.0])
     tokens: list[int] = field(default_factory=lambda: [0])
@@ -47,11 +51,19 @@ class Timings:
 
     def next_step(self, seconds: float) -> None:
         self.step.append(seconds)
+        self.peak_rss_gb.append(peak_rss_gb())
         self.generate.append(0.0)
         self.reward.append(0.0)
         self.tokens.append(0)
         self.prompt_tokens.append(0)
         self.scored.append(0)
+
+
+def peak_rss_gb() -> float:
+    """The process's peak resident memory so far, in GB (Linux reports kilobytes)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
 @contextmanager
@@ -88,7 +100,13 @@ def main() -> None:
         "--precision", choices=("auto", "bf16", "fp32"), default="auto", help="as conductor train"
     )
     parser.add_argument(
-        "--format-warmup", type=int, default=0, help="supervised warm-up steps first (untimed)"
+        "--format-warmup", type=int, default=40, help="supervised warm-up steps first (untimed)"
+    )
+    parser.add_argument(
+        "--loss-micro-batch",
+        type=int,
+        default=None,
+        help="rows per forward and backward pass of the loss (default: conductor train's)",
     )
     parser.add_argument(
         "--prompt-examples",
@@ -129,6 +147,7 @@ def main() -> None:
         format_warmup_steps=args.format_warmup,
         prompt_examples=None if args.prompt_examples == "auto" else args.prompt_examples == "on",
         base_model=args.base_model,
+        loss_micro_batch=args.loss_micro_batch,
         extra={"gradient_checkpointing": args.checkpointing == "on"},
     )
     settings = get_settings()
@@ -186,6 +205,7 @@ def main() -> None:
         f"{os.cpu_count()} CPUs, torch {torch.__version__}, trl {trl.__version__}; "
         f"{args.questions} questions x {args.samples} samples, {args.new_tokens} new tokens, "
         f"LoRA rank {args.lora_rank or 'off'}, activation checkpointing {args.checkpointing}, "
+        f"loss micro-batch {args.loss_micro_batch or args.samples} rows, "
         f"{'bf16' if uses_bf16(args.precision, use_cpu=not torch.cuda.is_available()) else 'fp32'}",
         flush=True,
     )
@@ -199,6 +219,7 @@ def main() -> None:
         PlanRewarder.reward_function = original_reward_function  # type: ignore[method-assign]
         grpo_trainer.__init__ = original_init
     print(f"whole run (loading, warm-up, saving included): {time.perf_counter() - started:.1f} s")
+    print(f"peak resident memory of the process: {peak_rss_gb():.1f} GB")
     for row in read_metrics(out / METRICS_FILE):
         print(
             f"step {row['step']}: valid plans {row.get('format_valid', 0):.0%}, samples left "
@@ -219,11 +240,13 @@ def report_step(timings: Timings, n: int) -> dict[str, Any]:
         "prompt_tokens": timings.prompt_tokens[n],  # all samples, no padding
         "tokens_generated": timings.tokens[n],  # all samples, each up to its end
         "samples_scored": timings.scored[n],
+        "peak_rss_gb": round(timings.peak_rss_gb[n], 2),
     }
     print(
         f"step {row['step']}: {step:7.1f} s  generate {generate:6.1f} s  reward {reward:5.1f} s  "
         f"log-probs, loss, backward, optimizer {row['rest_s']:6.1f} s  "
-        f"({row['prompt_tokens']} prompt tokens, {row['tokens_generated']} generated)",
+        f"({row['prompt_tokens']} prompt tokens, {row['tokens_generated']} generated; "
+        f"peak resident memory so far {row['peak_rss_gb']:.1f} GB)",
         flush=True,
     )
     return row

@@ -320,6 +320,9 @@ def test_a_subtask_copied_from_the_examples_is_refused_where_they_were_shown() -
         for step in (*example.plan.steps, *example.routing_plan.steps):
             assert _validate([0], [step.subtask], [[]], examples_shown=True)
     assert _validate([0], [copied + " Then explain why."], [[]], examples_shown=True) == []
+    # A near copy (the README's pens question once got this, one letter off an example's).
+    near = "Analyse the first option the question name: its costs and strengths."
+    assert _validate([0], [near], [[]], examples_shown=True)
 
 
 def test_fallback_is_one_step_on_the_given_worker() -> None:

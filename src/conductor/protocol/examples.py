@@ -7,6 +7,7 @@ subtasks verbatim, and a copied subtask must still point its worker at the user'
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -135,7 +136,21 @@ _EXAMPLE_SUBTASKS = frozenset(
 )
 
 
+# Near copies count too: the README's pens question once got "Analyse the first option the
+# question name: its costs and strengths." (one letter off the example's). 0.9 of difflib's
+# ratio is a letter or two in a sentence; the warm-ups' own subtasks score below 0.8.
+NEAR_COPY_RATIO = 0.9
+
+
 def copies_an_example(subtask: str) -> bool:
-    """Whether ``subtask`` is one of the examples' subtasks (case, spacing and a final full
-    stop aside)."""
-    return _normalised(subtask) in _EXAMPLE_SUBTASKS
+    """Whether ``subtask`` is one of the examples' subtasks, or all but a few letters of one
+    (case, spacing and a final full stop aside)."""
+    text = _normalised(subtask)
+    if text in _EXAMPLE_SUBTASKS:
+        return True
+    matcher = difflib.SequenceMatcher(a=text)
+    for example in _EXAMPLE_SUBTASKS:
+        matcher.set_seq2(example)
+        if matcher.real_quick_ratio() >= NEAR_COPY_RATIO and matcher.ratio() >= NEAR_COPY_RATIO:
+            return True
+    return False
