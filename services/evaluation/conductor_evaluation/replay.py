@@ -204,10 +204,14 @@ class RecordedWorker:
 
 @functools.lru_cache(maxsize=8)
 def recorded_workers(table: OutcomeTable) -> dict[str, RecordedWorker]:
-    """Each recorded worker's mean score and mean cost, in the table's worker order."""
+    """Each recorded worker's mean score and mean cost, in the table's worker order, over the
+    questions outside the table's test split: these figures describe the workers to the
+    Conductor, which must learn nothing there of the questions it is judged on."""
     scores: dict[str, list[float]] = {w: [] for w in table.workers}
     costs: dict[str, list[float]] = {w: [] for w in table.workers}
     for row in table:
+        if row.split == "test":
+            continue
         for worker, outcome in row.outcomes.items():
             if outcome.score is not None:
                 scores[worker].append(outcome.score)
@@ -229,7 +233,8 @@ def _description(record: RecordedWorker) -> str:
     score = (
         "no recorded score"
         if record.mean_score is None
-        else f"recorded mean score {record.mean_score:.3f} on {record.scored:,} questions"
+        else f"recorded mean score {record.mean_score:.3f} on {record.scored:,} questions "
+        "outside the test split"
     )
     cost = (
         "no recorded cost"
