@@ -73,7 +73,8 @@ def _request(**fields: Any) -> PlanRequest:
 # -- wire conversions ------------------------------------------------------------------------
 
 int32s = st.integers(-(2**31), 2**31 - 1)
-tokens = st.integers(0, 2**62)
+# Below 2**62: the wire carries total_tokens (prompt + completion) as an int64 too.
+tokens = st.integers(0, 2**62 - 1)
 texts = st.text(max_size=30)
 floats = st.floats(allow_nan=False)
 access_entries = st.one_of(st.just(ALL), int32s)

