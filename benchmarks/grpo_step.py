@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="steps timed (the first warms up)")
     parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0: full model)")
     parser.add_argument(
-        "--checkpointing", choices=("on", "off"), default="on", help="activation checkpointing"
+        "--checkpointing", choices=("on", "off"), default="off", help="activation checkpointing"
     )
     parser.add_argument(
         "--precision", choices=("auto", "bf16", "fp32"), default="auto", help="as conductor train"

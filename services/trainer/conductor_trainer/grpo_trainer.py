@@ -5,9 +5,10 @@ starts with the same system message (the task, the output form, the examples if 
 900 of the 1,000 tokens of a prompt with the examples, 330 of 430 without. TRL computes each
 sample's whole prompt (32 times per step at 4 questions x 8 samples), and on a CPU that
 prefill is most of the time spent sampling. Here the prefix's keys and values are computed
-once and copied to every row; each row's own rest of the prompt follows, padded on its left,
-so positions (taken from the attention mask) are the same as without the prefix cache. The
-tokens sampled follow the same distribution; only the arithmetic order differs.
+once, the rest of each question's prompt once (its 8 samples share it), and both are copied
+to every row; each row's own rest of the prompt is padded on its left, so positions (taken
+from the attention mask) are the same as without the cache. The tokens sampled follow the same
+distribution; only the arithmetic order differs.
 
 **The shared prefix is computed once per optimizer step in the loss too, without gradient.**
 Its keys and values are computed once (no graph kept), held read-only, and every row of every
@@ -19,11 +20,15 @@ cache also lets activation checkpointing recompute a layer in the backward pass 
 reads the same prefix; a growing cache would append the rows' keys twice), so checkpointing,
 where it is on, covers the rows' tokens only.
 
-**The loss runs in micro-batches** (TRL's gradient accumulation over one generation batch):
-4 questions x 8 samples are sampled and rewarded together, then go through the forward and
-backward passes 8 rows at a time, so the activations held at once are a quarter of the
-batch's. The loss is the same: each micro-batch's mean over its sequences, over the number
-of micro-batches.
+**The loss runs in micro-batches of whole groups** (TRL's gradient accumulation over one
+generation batch): 4 questions x 8 samples are sampled and rewarded together, then go through
+the forward and backward passes one question's 8 samples at a time, so the activations held at
+once are a quarter of the batch's. TRL shuffles the rows before splitting them; here they stay
+in their groups (the order of micro-batches within one optimizer step cannot change the summed
+gradient, so this is exact), and a group's rows share their whole prompt: the frozen prefix is
+the prompt, and only the sampled plan's tokens run with gradients. Each micro-batch's
+completion columns are cut to its longest plan (the rest is padding, masked out). The loss is
+the same: each micro-batch's mean over its sequences, over the number of micro-batches.
 
 **Zero-advantage samples are left out of the loss.** A sample whose advantage is 0 (every
 sample of a group rewarded alike: all invalid, all wrong, all right) adds nothing to the
@@ -42,6 +47,7 @@ settings) falls back to TRL's own code untouched.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -152,6 +158,23 @@ def grpo_trainer_class(trl: Any) -> Any:
                 **multimodal,
             )
 
+        def _prepare_inputs(self, generation_batch: Any) -> Any:
+            module: Any = sys.modules[trl.GRPOTrainer.__module__]
+            keep_groups = (
+                self.model.training
+                and self.num_iterations == 1
+                and self.args.steps_per_generation == self.args.gradient_accumulation_steps
+                and hasattr(module, "shuffle_sequence_dict")
+            )
+            if not keep_groups:
+                return super()._prepare_inputs(generation_batch)
+            shuffle = module.shuffle_sequence_dict
+            module.shuffle_sequence_dict = _in_order  # rows stay in their groups
+            try:
+                return super()._prepare_inputs(generation_batch)
+            finally:
+                module.shuffle_sequence_dict = shuffle
+
         def _skipping_is_exact(self, advantages: Any) -> bool:
             return bool(
                 self.beta == 0.0
@@ -171,8 +194,8 @@ def grpo_trainer_class(trl: Any) -> Any:
             # The share of the batch left out of the loss, a metric per step (metrics.jsonl).
             mode = "train" if self.model.training else "eval"
             self._metrics[mode]["samples_skipped"].append(1 - moving.numel() / batch)
-            if moving.numel() == batch:
-                return super()._compute_loss(model, inputs)
+            if moving.numel() == batch:  # every row: only the padding columns go
+                return super()._compute_loss(model, select_samples(inputs, moving))
             # With nothing to learn one sample still runs (its loss is 0), so the graph, the
             # optimizer step and TRL's per-step metrics stay as they are.
             kept = moving if moving.numel() else torch.zeros(1, dtype=torch.long)
@@ -180,6 +203,12 @@ def grpo_trainer_class(trl: Any) -> Any:
             return loss * (moving.numel() / batch)
 
     return ConductorGRPOTrainer
+
+
+def _in_order(batch: dict[str, Any]) -> dict[str, Any]:
+    """In place of TRL's shuffle of a generation batch: the rows as sampled, each question's
+    samples together."""
+    return batch
 
 
 def select_samples(inputs: dict[str, Any], rows: Any) -> dict[str, Any]:
@@ -370,13 +399,34 @@ def generate_with_shared_prefix(
     pad_token_id: int,
     eos_token_ids: list[int],
 ) -> list[list[int]]:
-    """Samples a completion per prompt, computing their first ``shared`` tokens once. Each
-    completion ends at its first end-of-sequence token (kept), as TRL's own generation does."""
+    """Samples a completion per prompt, computing their first ``shared`` tokens once, and the
+    rest of each distinct prompt once (a question's samples share their whole prompt: GRPO
+    samples a group per question). Each completion ends at its first end-of-sequence token
+    (kept), as TRL's own generation does."""
+    import torch
 
     input_ids, attention_mask = shared_prefix_rows(prompt_ids, shared, pad_token_id=pad_token_id)
     input_ids, attention_mask = input_ids.to(model.device), attention_mask.to(model.device)
     rows, width = input_ids.shape
-    cache = prefix_cache(model, input_ids[:1, :shared], rows)
+    distinct: dict[tuple[int, ...], int] = {}
+    copy_of = [distinct.setdefault(tuple(ids), len(distinct)) for ids in prompt_ids]
+    if len(distinct) == rows or width - 1 <= shared:
+        cache = prefix_cache(model, input_ids[:1, :shared], rows)
+    else:
+        # The prefix once, each distinct prompt's own tokens (all but its last: generate needs
+        # one token not in the cache) once, then the cache rows copied to every sample.
+        firsts = torch.tensor([copy_of.index(i) for i in range(len(distinct))])
+        cache = prefix_cache(model, input_ids[:1, :shared], len(distinct))
+        mask = attention_mask[firsts, : width - 1]
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+        model(
+            input_ids=input_ids[firsts, shared : width - 1],
+            attention_mask=mask,
+            position_ids=positions[:, shared:],
+            use_cache=True,
+            **{cache_keyword(model): cache},
+        )
+        cache.batch_select_indices(torch.tensor(copy_of, device=input_ids.device))
     output = model.generate(
         input_ids=input_ids,
         attention_mask=attention_mask,
