@@ -14,7 +14,8 @@ on that form: the untrained model writes no valid plan without its examples.
         [--backends llamacpp,transformers] [--out FILE]
 
 Prints a row per backend and form: median prompt tokens, median and 90th-percentile planning
-latency, and the share of valid plans; with ``--out``, the rows as JSON.
+latency, the share of valid plans, and the share refused for copying an example's subtask;
+with ``--out``, the rows as JSON.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ async def plan_all(
     backend: PlannerBackend, questions: list[str], pool: list[PoolEntry], max_tokens: int
 ) -> dict[str, Any]:
     planner = ConductorPlanner(backend)
-    tokens, latencies, valid = [], [], 0
+    tokens, latencies, valid, copied = [], [], 0, 0
     for question in questions:
         request = PlanRequest(
             question=question, pool=pool, max_steps=5, temperature=0.0, max_tokens=max_tokens
@@ -49,12 +50,15 @@ async def plan_all(
         latencies.append((time.perf_counter() - started) * 1000)
         tokens.append(outcome.usage.prompt_tokens)
         valid += outcome.valid
+        copied += any("copied from the prompt's examples" in error for error in outcome.errors)
     ordered = sorted(latencies)
     return {
         "prompt_tokens": statistics.median(tokens),
         "latency_ms_p50": statistics.median(latencies),
         "latency_ms_p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
         "valid_plans": valid / len(questions),
+        # Refused for a subtask copied from the examples (then the question goes as asked).
+        "copied_an_example": copied / len(questions),
         "questions": len(questions),
     }
 
@@ -91,7 +95,8 @@ async def main(options: argparse.Namespace) -> None:
                     f"{backend_name:12} examples {'on ' if examples else 'off'}: prompt "
                     f"{row['prompt_tokens']:6.0f} tokens, plan p50 {row['latency_ms_p50']:7.0f} ms "
                     f"p90 {row['latency_ms_p90']:7.0f} ms, valid plans {row['valid_plans']:.0%} "
-                    f"of {row['questions']}",
+                    f"of {row['questions']} ({row['copied_an_example']:.0%} refused as copies "
+                    "of an example)",
                     flush=True,
                 )
         finally:
