@@ -260,6 +260,12 @@ def test_held_out_items_are_a_stable_fifth_never_trained_on() -> None:
     assert all(is_held_out(i) for i in held)
     limited, _ = split_items(["gsm8k"], limit=10, seed=0)
     assert len(limited) == 10
+    # A seeded sample of the training items, not the first ten: a file listed domain by
+    # domain (an outcome table) would otherwise give one domain only.
+    assert {i.key for i in limited} <= {i.key for i in train}
+    assert [i.key for i in limited] != [i.key for i in train[:10]]
+    assert [i.key for i in split_items(["gsm8k"], limit=10, seed=0)[0]] == [i.key for i in limited]
+    assert [i.key for i in split_items(["gsm8k"], limit=10, seed=1)[0]] != [i.key for i in limited]
 
 
 def test_randomized_pools_are_non_empty_subsets_in_pool_order() -> None:

@@ -8,6 +8,7 @@ table's question keeps its table's own split where it has one (its source's test
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Sequence
 
 from conductor_evaluation.datasets import load_suite
@@ -31,11 +32,16 @@ def is_held_out(item: EvalItem) -> bool:
 def split_items(
     suites: Sequence[str], *, limit: int | None, seed: int
 ) -> tuple[list[EvalItem], list[EvalItem]]:
-    """(training items, held-out items) of each suite, at most ``limit`` training items each."""
+    """(training items, held-out items) of each suite, at most ``limit`` training items each:
+    a seeded sample of its training items, not its first ones (an outcome table lists its
+    questions benchmark by benchmark, so the first 600 of RouterBench's are all ARC)."""
     train: list[EvalItem] = []
     held: list[EvalItem] = []
     for suite in suites:
         items = load_suite(suite, seed=seed)
-        train += [i for i in items if not is_held_out(i)][:limit]
+        training = [i for i in items if not is_held_out(i)]
+        if limit is not None and limit < len(training):
+            training = random.Random(seed).sample(training, limit)
+        train += training
         held += [i for i in items if is_held_out(i)]
     return train, held
