@@ -91,8 +91,11 @@ def plot_training_curve(metrics_path: Path, out: Path) -> None:
     workers = sorted(
         {k.removeprefix(WORKER_SHARE) for r in rows for k in r if k.startswith(WORKER_SHARE)}
     )
-    for worker in workers:
-        routed.plot(steps, [r.get(WORKER_SHARE + worker) for r in rows], marker=".", label=worker)
+    # matplotlib's default cycle has 10 colours: a pool of more would repeat them.
+    colours = plt.get_cmap("tab20" if len(workers) > 10 else "tab10")
+    for index, worker in enumerate(workers):
+        shares = [r.get(WORKER_SHARE + worker) for r in rows]
+        routed.plot(steps, shares, marker=".", label=worker, color=colours(index))
     if any(SEES_EARLIER in r for r in rows):
         routed.plot(
             steps,
