@@ -152,9 +152,9 @@ def grpo_config(
         # Off: the loss runs a question's samples at a time (micro-batches) over their plans'
         # tokens only, the prompt computed once without gradient (grpo_trainer.py), so the
         # activations held are small: benchmarks/grpo_step.py (2 cores, 4 questions x 8
-        # samples, 160 tokens) measured 53.5 s a step at 5.3 GB peak with it off, and 88 s at
-        # 6.6 GB with it on (--grpo gradient_checkpointing=true, for longer plans or bigger
-        # models).
+        # samples, 160 tokens) measured 53.5 s a step at 5.3 GB peak with it off; with it on
+        # (--grpo gradient_checkpointing=true, for longer plans or bigger models) 88 s at
+        # 6.6 GB, before the micro-batches kept their groups.
         gradient_checkpointing=False,
         temperature=options.temperature,
         max_completion_length=options.max_completion_tokens,
