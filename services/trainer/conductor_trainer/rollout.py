@@ -177,7 +177,8 @@ class PlanRewarder:
         if not 0 <= cost_weight <= 1:
             raise ConfigurationError(f"--cost-weight must be between 0 and 1, not {cost_weight}")
         self.cost_weight = cost_weight
-        self._dearest_call: dict[str, float] = {}  # per question: its most expensive single call
+        # Per question, its most expensive single call (being) measured.
+        self._dearest_call: dict[str, asyncio.Future[float]] = {}
         self.pool = pool
         self.gateway = gateway
         self.items = items
@@ -251,24 +252,29 @@ class PlanRewarder:
 
     async def dearest_call(self, item: EvalItem) -> float:
         """The most expensive single call on ``item``'s question: each worker of the pool asked
-        it alone (the question as asked), once; remembered per question. Calls that fail
-        count 0 (a replay worker not recorded on it)."""
+        it alone (the question as asked), once; remembered per question. A group's samples are
+        scored at once, so the first of them starts the measurement and the others await it
+        (on live workers, each call is paid). Calls that fail count 0 (a replay worker not
+        recorded on it)."""
         if item.key not in self._dearest_call:
-            one_step = self.variant.model_copy(update={"max_steps": 1, "recursion_rounds": 0})
-            names = [w.name for w in self.pool.workers]
-            costs = []
-            for model_id in range(len(names)):
-                executor = WorkflowExecutor(
-                    planner=_GivenPlan(fallback_plan(model_id), "each worker alone"),
-                    pool=self.pool,
-                    gateway=self.gateway,
-                )
-                with simulating(item, self.seed):
-                    result = await executor.run(item.question, one_step, pool=names)
-                steps = [s for s in result.steps if s.kind is StepKind.WORKER]
-                costs.append(_workers_cost(steps))
-            self._dearest_call[item.key] = max(costs, default=0.0)
-        return self._dearest_call[item.key]
+            self._dearest_call[item.key] = asyncio.ensure_future(self._measure_dearest(item))
+        return await self._dearest_call[item.key]
+
+    async def _measure_dearest(self, item: EvalItem) -> float:
+        one_step = self.variant.model_copy(update={"max_steps": 1, "recursion_rounds": 0})
+        names = [w.name for w in self.pool.workers]
+
+        async def alone(model_id: int) -> float:
+            executor = WorkflowExecutor(
+                planner=_GivenPlan(fallback_plan(model_id), "each worker alone"),
+                pool=self.pool,
+                gateway=self.gateway,
+            )
+            with simulating(item, self.seed):
+                result = await executor.run(item.question, one_step, pool=names)
+            return _workers_cost([s for s in result.steps if s.kind is StepKind.WORKER])
+
+        return max(await asyncio.gather(*(alone(i) for i in range(len(names)))), default=0.0)
 
     def reward_function(self) -> Callable[..., Any]:
         """The function GRPOTrainer calls (async: TRL runs it on its event loop thread)."""
