@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conductor.protocol.validator import FALLBACK_SUBTASK
+
 pytestmark = [pytest.mark.processes]
 
 CONDUCTOR = [sys.executable, "-c", "from conductor_cli import main; main()"]
@@ -33,7 +35,7 @@ def _run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedPro
 
 @pytest.mark.model
 @pytest.mark.parametrize("variant", ["conductor-mini", "conductor-ultra"])
-def test_ask_json_answers_with_a_model_written_plan_and_leaves_a_trace(
+def test_ask_json_answers_with_the_model_s_plan_and_leaves_a_trace(
     tmp_path: Path, variant: str
 ) -> None:
     done = _run(["ask", "What is 12 + 30?", "--variant", variant, "--json"], tmp_path)
@@ -41,12 +43,19 @@ def test_ask_json_answers_with_a_model_written_plan_and_leaves_a_trace(
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["variant"] == variant
-    assert out["plan_valid"] is True
     assert out["answer"]
     assert out["plan"]
     assert {"worker", "subtask", "access_list"} <= set(out["plan"][0])
-    assert out["planner_calls"][0]["backend"] == "llamacpp"
-    assert out["planner_calls"][0]["raw_output"]
+    first_call = out["planner_calls"][0]
+    assert first_call["backend"] == "llamacpp"
+    assert first_call["raw_output"]
+    # The untrained model samples its plan; under the JSON schema it always fits the protocol,
+    # and the one rule the schema cannot hold is "never copy an example's subtask" (it does now
+    # and then): such a plan is refused and the question goes to the fallback as asked.
+    assert out["plan_valid"] is first_call["valid"] is (not first_call["errors"])
+    assert all("copied from the prompt's examples" in e for e in first_call["errors"])
+    if not out["plan_valid"]:
+        assert out["plan"][0]["subtask"] == FALLBACK_SUBTASK
     usage = out["usage"]
     conductor_tokens = sum(c["usage"]["total_tokens"] for c in out["planner_calls"])
     step_tokens = sum(s["usage"]["total_tokens"] for s in out["steps"])
@@ -66,7 +75,7 @@ def test_ask_json_answers_with_a_model_written_plan_and_leaves_a_trace(
         db.close()
     assert (status, plan_valid, total_tokens, answer) == (
         "completed",
-        1,
+        int(out["plan_valid"]),
         usage["total_tokens"],
         out["answer"],
     )
