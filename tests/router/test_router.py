@@ -24,6 +24,8 @@ from conductor_router import (
     EMBEDDER_NAME,
     QUESTION_FEATURES,
     HeadKind,
+    MlpNetwork,
+    MlpWeights,
     PackedArray,
     Router,
     RouterModel,
@@ -92,9 +94,38 @@ def table_model(head: HeadKind, seed: int = 0) -> RouterModel:
     )
 
 
+def mlp_model(seed: int = 0) -> RouterModel:
+    """An mlp router without a domain head: two networks of 6 hidden units, seeded weights."""
+    rng = np.random.default_rng(seed)
+    features = len(QUESTION_FEATURES)
+
+    def normal(*shape: int) -> Any:
+        return rng.normal(size=shape).astype(np.float32)
+
+    inputs, workers = DIM + features, len(NAMES)
+    return RouterModel(
+        head="mlp",
+        dim=DIM,
+        features=list(QUESTION_FEATURES),
+        feature_mean=rng.normal(size=features).tolist(),
+        feature_scale=rng.uniform(0.5, 2, size=features).tolist(),
+        networks=[
+            MlpNetwork.of(
+                MlpWeights(normal(6, inputs), normal(6), normal(workers, 6), normal(workers))
+            )
+            for _ in range(2)
+        ],
+        workers=[
+            WorkerHead(name=name, cost_usd=float(rng.uniform(0.00005, 0.01)), trained_on=100)
+            for name in NAMES
+        ],
+    )
+
+
 ROUTER = Router(model(), HashEmbedder())  # type: ignore[arg-type]
 ROUTERS = {
     "logistic": ROUTER,
+    "mlp": Router(mlp_model(), HashEmbedder()),  # type: ignore[arg-type]
     "knn": Router(table_model("knn"), HashEmbedder()),  # type: ignore[arg-type]
     "cluster": Router(table_model("cluster"), HashEmbedder()),  # type: ignore[arg-type]
 }
@@ -142,7 +173,7 @@ def test_a_higher_cost_weight_never_picks_a_dearer_worker() -> None:
     [
         (b"\x89PNG\r\n\x1a\n\x00\x00", "not UTF-8"),
         (b"{not json", "invalid JSON at line 1"),
-        (b"[1, 2]", "format 'list', expected 'conductor-router/3'"),
+        (b"[1, 2]", "format 'list', expected 'conductor-router/4'"),
         (b'{"format": "conductor-router/0"}', "format 'conductor-router/0'"),
         (b'{"format": "conductor-router/1", "dim": 8, "workers": []}', "workers"),
     ],
@@ -261,7 +292,7 @@ def test_a_knn_or_cluster_router_saved_and_loaded_chooses_the_same(
     path = tmp_path / f"router.{head}.json"
     save_router_model(ROUTERS[head].model, path)
     saved = json.loads(path.read_text())
-    assert (saved["head"], saved["format"]) == (head, "conductor-router/3")
+    assert (saved["head"], saved["format"]) == (head, "conductor-router/4")
     assert "coef" not in saved["workers"][0]  # no empty logistic fields
     loaded = Router.load(path, HashEmbedder())  # type: ignore[arg-type]
     for n in range(30):
@@ -331,7 +362,7 @@ def _broken(head: HeadKind, field: str, value: Any) -> dict[str, Any]:
         (_broken("cluster", "neighbours", 3), "a cluster router has no neighbours"),
         (
             _broken("cluster", "head", "forest"),
-            "head: Input should be 'logistic', 'knn' or 'cluster'",
+            "head: Input should be 'logistic', 'mlp', 'knn' or 'cluster'",
         ),
         (
             {**model().model_dump(exclude_none=True), "neighbours": 5},
@@ -657,7 +688,7 @@ def test_conductor_serve_answers_conductor_mini_with_the_routed_worker(tmp_path:
         (tmp_path / "router.json").write_text("{}")
         refused = run_conductor("serve", "--port", "0", "--grpc-port", "-1", env=env, timeout=60)
         assert refused.returncode == 2
-        assert "router.json: format None, expected 'conductor-router/3'" in refused.stderr
+        assert "router.json: format None, expected 'conductor-router/4'" in refused.stderr
     finally:
         workers.stop()
         planner.stop()

@@ -1,6 +1,7 @@
 """conductor-mini's router learnt from outcome tables: a domain head that finds a planted
-specialist, per-domain expected costs, file format 3 and what it refuses, fractional scores
-from replay evaluations, and the report read at budgets of the best single worker's cost.
+specialist, per-domain expected costs, the domain head in
+the file and what it refuses, fractional scores from replay evaluations, and the report read at
+budgets of the best single worker's cost.
 
 Every table here is written by the test itself, seeded, so the router finds the same every run.
 """
@@ -162,7 +163,7 @@ def test_the_router_trained_on_a_table_finds_each_domains_specialist(tmp_path: P
     held = [row for row in rows if row["split"] == "test"]
     assert f"{len(held)} held out" in " ".join(done.output.split())  # unwrapped
     model = load_router_model(out)
-    assert (model.format, model.head) == ("conductor-router/3", "logistic")
+    assert (model.format, model.head) == ("conductor-router/4", "logistic")
     assert model.domains is not None
     assert model.domains.names == ["math", "trivia"]
     assert {w.name for w in model.workers} == set(SLUGS.values())
@@ -303,7 +304,7 @@ def test_one_training_domain_gives_no_domain_head_and_the_router_still_serves(
     models, report = train_router(data, HashEmbedder())  # type: ignore[arg-type]
 
     model = models["router"]
-    assert (model.format, model.domains) == ("conductor-router/3", None)
+    assert (model.format, model.domains) == ("conductor-router/4", None)
     assert all(w.domain_cost_usd is None for w in model.workers)
     assert len(model.workers[0].coef or []) == DIM + FEATURES  # no domain inputs
     path = tmp_path / "router.json"

@@ -14,6 +14,8 @@ from conductor_router.model import (
     PER_QUESTIONS,
     ROUTER_FORMAT,
     HeadKind,
+    MlpNetwork,
+    MlpWeights,
     RouterModel,
     WorkerHead,
     load_router_model,
@@ -21,7 +23,14 @@ from conductor_router.model import (
 )
 from conductor_router.packed_array import PackedArray
 from conductor_router.report import curve_area, held_out_report
-from conductor_router.serving import Router, RoutingDecision, WorkerScore, known_mean
+from conductor_router.serving import (
+    Router,
+    RoutingDecision,
+    WorkerScore,
+    known_mean,
+    mlp_chances,
+    mlp_logits,
+)
 from conductor_router.text_features import QUESTION_FEATURES, question_features
 
 __all__ = [
@@ -31,6 +40,8 @@ __all__ = [
     "ROUTER_FORMAT",
     "ROUTER_INSTALL",
     "HeadKind",
+    "MlpNetwork",
+    "MlpWeights",
     "PackedArray",
     "Progress",
     "QuestionEmbedder",
@@ -45,6 +56,8 @@ __all__ = [
     "held_out_report",
     "known_mean",
     "load_router_model",
+    "mlp_chances",
+    "mlp_logits",
     "question_features",
     "save_router_model",
 ]

@@ -3,10 +3,12 @@ and the expected cost -> the worker that maximises chance minus ``cost_weight`` 
 among the workers a request may use.
 
 The chance comes from the file's head (``model``): a logistic regression per worker reading
-the embedding and the question's text features; ``knn``, per worker the mean share of right
-answers of the ``neighbours`` training questions nearest in the embedding, over those whose
-result for the worker is known (none known: the worker's mean over all training questions);
-``cluster``, per worker the share of right answers of the nearest centroid's questions.
+the embedding and the question's text features (and a domain head's chances); ``mlp``, the
+mean of small networks' sigmoid outputs over the same inputs, computed here with numpy alone
+(no torch where a router is served); ``knn``, per worker the mean share of right answers of
+the ``neighbours`` training questions nearest in the embedding, over those whose result for the
+worker is known (none known: the worker's mean over all training questions); ``cluster``, per
+worker the share of right answers of the nearest centroid's questions.
 
 Each worker is scored on its own, so any subset of the pool is scored exactly as the full pool
 is: a worker left out changes nothing about the others' scores.
@@ -17,6 +19,7 @@ answer one would give up to save a dollar per thousand questions (0: accuracy on
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +30,13 @@ import numpy.typing as npt
 
 from conductor.errors import ConfigurationError
 from conductor_router.embedding import QuestionEmbedder
-from conductor_router.model import PER_QUESTIONS, RouterModel, WorkerHead, load_router_model
+from conductor_router.model import (
+    PER_QUESTIONS,
+    MlpWeights,
+    RouterModel,
+    WorkerHead,
+    load_router_model,
+)
 from conductor_router.text_features import QUESTION_FEATURES, question_features
 
 
@@ -78,12 +87,16 @@ class Router:
             self._domain_intercept = np.array(model.domains.intercept, dtype=np.float64)
             # (domains, workers): a worker without costs per domain costs its mean in each.
             self._domain_cost = domain_costs(model.workers, len(model.domains.names))
-        if model.head == "logistic":
-            self._coef = np.array([w.coef for w in model.workers], dtype=np.float64)
-            self._intercept = np.array([w.intercept for w in model.workers], dtype=np.float64)
+        if model.head in ("logistic", "mlp"):
             self._feature_columns = [QUESTION_FEATURES.index(name) for name in model.features]
             self._feature_mean = np.array(model.feature_mean, dtype=np.float64)
             self._feature_scale = np.array(model.feature_scale, dtype=np.float64)
+        if model.head == "logistic":
+            self._coef = np.array([w.coef for w in model.workers], dtype=np.float64)
+            self._intercept = np.array([w.intercept for w in model.workers], dtype=np.float64)
+        elif model.head == "mlp":
+            assert model.networks is not None  # validated
+            self._networks = [network.weights() for network in model.networks]
         else:
             assert model.points is not None  # validated
             assert model.right is not None
@@ -112,9 +125,21 @@ class Router:
         """Per question and worker (questions, workers): the chance of a right answer and the
         expected cost in USD (the worker's mean cost, or with a domain head its mean cost in
         each domain weighted by the question's domain chances)."""
-        if self.model.head != "logistic":
+        if self.model.head not in ("logistic", "mlp"):
             p = self._from_nearest_points(embeddings)
             return p, np.broadcast_to(self._cost, p.shape)
+        inputs, cost = self._inputs(embeddings, questions)
+        if self.model.head == "mlp":
+            return mlp_chances(self._networks, inputs), cost
+        logits = inputs @ self._coef.T + self._intercept
+        return 1.0 / (1.0 + np.exp(-logits)), cost
+
+    def _inputs(
+        self, embeddings: npt.NDArray[np.float32], questions: Sequence[str]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Logistic and mlp heads: what they read per question (the domain chances times the
+        domain head's weight, the embedding, the standardised text features) and the expected
+        costs (questions, workers)."""
         inputs = embeddings.astype(np.float64)
         if self._feature_columns:
             raw = question_features(questions)[:, self._feature_columns]
@@ -125,8 +150,7 @@ class Router:
             chances = softmax(inputs @ self._domain_coef.T + self._domain_intercept)
             cost = chances @ self._domain_cost
             inputs = np.hstack([chances * self._domains.weight, inputs])
-        logits = inputs @ self._coef.T + self._intercept
-        return 1.0 / (1.0 + np.exp(-logits)), cost
+        return inputs, cost
 
     def _from_nearest_points(self, embeddings: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
         """knn: the known mean of the nearest points' shares; cluster: the nearest centroid's.
@@ -150,13 +174,7 @@ class Router:
         """Per row of ``p_right`` and ``cost`` (questions, workers, from ``estimate``), the
         index in ``names`` of the worker ``choose`` picks when every worker is allowed: the
         training report's sweep."""
-        utility = p_right - cost_weight * cost * PER_QUESTIONS
-        # Ties go to the worker cheaper on the question (its expected cost, which a domain head
-        # makes differ by question), then to the pool's order: as ``choose`` breaks them.
-        by_cost = np.argsort(cost, axis=1, kind="stable")
-        first = np.take_along_axis(utility, by_cost, axis=1).argmax(axis=1)
-        best: npt.NDArray[np.intp] = np.take_along_axis(by_cost, first[:, None], axis=1)[:, 0]
-        return best
+        return best_workers(p_right, cost, cost_weight)
 
     def choose(
         self,
@@ -190,6 +208,45 @@ class Router:
         # Ties go to the cheaper worker, then to the pool's order.
         best = max(scores, key=lambda n: (scores[n].utility, -scores[n].cost_usd))
         return RoutingDecision(worker=best, cost_weight=weight, scores=scores)
+
+
+def best_workers(
+    p_right: npt.NDArray[np.float64], cost: npt.NDArray[np.float64], cost_weight: float
+) -> npt.NDArray[np.intp]:
+    """Per row of ``p_right`` and ``cost`` (questions, workers), the column of the worker with
+    the largest chance minus ``cost_weight`` times cost per 1,000 questions."""
+    utility = p_right - cost_weight * cost * PER_QUESTIONS
+    # Ties go to the worker cheaper on the question (its expected cost, which a domain head
+    # makes differ by question), then to the pool's order: as ``choose`` breaks them.
+    by_cost = np.argsort(cost, axis=1, kind="stable")
+    first = np.take_along_axis(utility, by_cost, axis=1).argmax(axis=1)
+    best: npt.NDArray[np.intp] = np.take_along_axis(by_cost, first[:, None], axis=1)[:, 0]
+    return best
+
+
+def mlp_logits(weights: MlpWeights, inputs: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """(questions, workers): one network's output, as torch computes it in eval mode (dropout
+    off): Linear, GELU (the exact one, through erf), Linear."""
+    hidden = inputs @ weights.hidden_weight.T.astype(np.float64) + weights.hidden_bias
+    hidden = 0.5 * hidden * (1.0 + _erf(hidden / math.sqrt(2.0)))
+    result: npt.NDArray[np.float64] = (
+        hidden @ weights.output_weight.T.astype(np.float64) + weights.output_bias
+    )
+    return result
+
+
+def mlp_chances(
+    networks: Sequence[MlpWeights], inputs: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """(questions, workers): the mean over ``networks`` of each one's sigmoid chances."""
+    chances = [1.0 / (1.0 + np.exp(-mlp_logits(w, inputs))) for w in networks]
+    result: npt.NDArray[np.float64] = np.mean(chances, axis=0)
+    return result
+
+
+def _erf(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """math.erf element-wise (numpy has none; scipy is no serving dependency)."""
+    return np.asarray(np.frompyfunc(math.erf, 1, 1)(x), dtype=np.float64)
 
 
 def domain_costs(heads: Sequence[WorkerHead], domains: int) -> npt.NDArray[np.float64]:
