@@ -56,14 +56,22 @@ def train(
         min=0.0,
         help="Default trade-off: chance of a right answer given up per USD per 1,000 questions.",
     ),
+    head: str = typer.Option(
+        "auto",
+        "--head",
+        help="The router's head: `logistic` (one logistic regression per worker), `mlp` (small "
+        "networks with one output per worker, trained with torch, served with numpy) or "
+        "`auto`: the one with the larger area under the accuracy/cost curve in 5-fold "
+        "cross-validation on the training items (logistic below 500 of them).",
+    ),
 ) -> None:
-    """Fit one head per worker on the items outside the held-out split, report every router's
-    accuracy/cost curve on the held-out items every worker ran, and write the router, the knn
-    and cluster baselines as routers (router.knn.json, router.cluster.json) and the report
-    (router.report.json, router.report.png) beside it. Trace items tell how one worker
+    """Fit the router's head (--head) on the items outside the held-out split, report every
+    router's accuracy/cost curve on the held-out items every worker ran, and write the router,
+    the knn and cluster baselines as routers (router.knn.json, router.cluster.json) and the
+    report (router.report.json, router.report.png) beside it. Trace items tell how one worker
     did: when no held-out item was run by every worker, the router is fitted and the report says
     it could not be judged."""
-    from conductor_router import QuestionEmbedder, save_router_model
+    from conductor_router import HEAD_CHOICES, QuestionEmbedder, save_router_model
     from conductor_trainer.routing_data import (
         combine_routing_data,
         routing_data,
@@ -73,6 +81,8 @@ def train(
     from conductor_trainer.trace_routing import trace_routing_data
 
     console = stderr_console()
+    if head not in HEAD_CHOICES:
+        raise ConfigurationError(f"--head {head!r}: expected one of {', '.join(HEAD_CHOICES)}")
     if not results and not traces and not tables:
         raise ConfigurationError(
             "nothing to learn from: give `conductor eval` output directories, --traces "
@@ -101,7 +111,11 @@ def train(
 
     with progress:
         models, report = train_router(
-            data, QuestionEmbedder(), cost_weight=cost_weight, progress=advance
+            data,
+            QuestionEmbedder(),
+            cost_weight=cost_weight,
+            progress=advance,
+            head=head,  # checked against HEAD_CHOICES above
         )
     router_path = Path(out)
     written = []
@@ -115,6 +129,7 @@ def train(
         written.append(str(path))
     report_path = router_path.with_name(router_path.stem + ".report.json")
     report_path.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    console.print(_describe_head(report["head"]))
     plot_path = router_path.with_name(router_path.stem + ".report.png")
     if not report["held_out_items"]:
         plot_path.unlink(missing_ok=True)  # an earlier run's curves would read as this one's
@@ -129,6 +144,19 @@ def train(
             "are not judged"
         )
     console.print(f"routers: {', '.join(written)}\nreport: {report_path}\nplot: {plot_path}")
+
+
+def _describe_head(choice: dict[str, Any]) -> str:
+    """Which head the router got, and the cross-validated areas that chose it."""
+    areas = ", ".join(f"{name} {area:.4f}" for name, area in choice["cv_area"].items())
+    if choice["asked"] != "auto":
+        how = f"as asked (--head {choice['asked']})"
+    elif len(choice["cv_area"]) < 2:
+        how = "too few training items every worker ran to cross-validate: kept by default"
+    else:
+        how = "the larger area under the accuracy/cost curve"
+    folds = f"; {choice['cv_folds']}-fold cross-validation areas: {areas}" if areas else ""
+    return f"router head: {choice['chosen']}, {how}{folds}"
 
 
 def _plot(report: dict[str, Any], path: Path) -> None:
@@ -158,7 +186,10 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     ax.set_xscale("symlog", linthresh=0.1)
     ax.set_xlabel("cost per 1,000 questions (USD)")
     ax.set_ylabel("accuracy on held-out items")
-    ax.set_title(f"conductor-mini routers, {report['held_out_items']} held-out items")
+    ax.set_title(
+        f"conductor-mini routers (router: {report['head']['chosen']} head), "
+        f"{report['held_out_items']} held-out items"
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()

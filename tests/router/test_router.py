@@ -23,6 +23,7 @@ from conductor_planner import ConductorPlanner
 from conductor_router import (
     EMBEDDER_NAME,
     QUESTION_FEATURES,
+    HeadChoice,
     HeadKind,
     MlpNetwork,
     MlpWeights,
@@ -425,23 +426,29 @@ def _right_answers(
     return right
 
 
+@pytest.mark.parametrize(
+    ("head", "router_head"),
+    [("auto", "logistic"), pytest.param("mlp", "mlp", marks=pytest.mark.training)],
+    ids=["auto (too few items to fold: logistic)", "mlp"],
+)
 def test_the_report_judges_each_baseline_through_the_router_file_that_serves_it(
-    tmp_path: Path,
+    tmp_path: Path, head: HeadChoice, router_head: str
 ) -> None:
-    """Trained, saved and loaded, each router (knn and cluster too) choosing one held-out
-    question at a time, as serving and ``conductor eval`` do, gets exactly the right answers
-    the report counted for it at every cost weight."""
+    """Trained, saved and loaded, each router (knn and cluster too; the router's head logistic
+    or mlp) choosing one held-out question at a time, as serving and ``conductor eval`` do,
+    gets exactly the right answers the report counted for it at every cost weight."""
     data = _routing_data(120)
-    models, report = train_router(data, HashEmbedder())  # type: ignore[arg-type]
+    models, report = train_router(data, HashEmbedder(), head=head)  # type: ignore[arg-type]
 
     assert [c["name"] for c in report["curves"]] == ["router", "knn", "cluster"]
+    assert report["head"] == {"chosen": router_head, "asked": head, "cv_folds": 0, "cv_area": {}}
     held = _judged_items(data)
     assert len(held) == report["held_out_items"] > 10
     for curve in report["curves"]:
         path = tmp_path / f"{curve['name']}.json"
         save_router_model(models[curve["name"]], path)
         router = Router.load(path, HashEmbedder())  # type: ignore[arg-type]
-        assert router.model.head == {"router": "logistic"}.get(curve["name"], curve["name"])
+        assert router.model.head == {"router": router_head}.get(curve["name"], curve["name"])
         for point in curve["points"]:
             right = _right_answers(router, data, held, point["cost_weight"])
             assert right == pytest.approx(point["correct"])

@@ -1,5 +1,5 @@
 """conductor-mini's router learnt from outcome tables: a domain head that finds a planted
-specialist, per-domain expected costs, the domain head in
+specialist (under a logistic and an mlp head), per-domain expected costs, the domain head in
 the file and what it refuses, fractional scores from replay evaluations, and the report read at
 budgets of the best single worker's cost.
 
@@ -33,7 +33,7 @@ from conductor_router import (
     load_router_model,
     save_router_model,
 )
-from conductor_router.fitting import HEAD_C, HEAD_C_GRID
+from conductor_router.heads import HEAD_C, HEAD_C_GRID
 from conductor_router.model import DomainHead
 from conductor_trainer.routing_data import routing_data, table_routing_data, train_router
 
@@ -208,6 +208,54 @@ def test_the_router_trained_on_a_table_finds_each_domains_specialist(tmp_path: P
     assert chosen["math"].count("mathlete") >= 0.9 * len(chosen["math"]), chosen["math"]
     assert chosen["trivia"].count("quizzer") >= 0.9 * len(chosen["trivia"]), chosen["trivia"]
     assert right == pytest.approx(accuracy_only["correct"])
+
+
+@pytest.mark.training
+def test_an_mlp_router_trained_on_a_table_round_trips_through_its_file(tmp_path: Path) -> None:
+    """``conductor router train --head mlp``: the file keeps three networks over the domain
+    chances, the embedding and the text features; loaded and served one question at a time
+    (numpy), it sends each domain to its specialist and gets the right answers the report
+    counted at every cost weight."""
+    from conductor_cli import app
+
+    rows = specialist_rows(seed=11)
+    table = write_table(tmp_path / "table.jsonl", rows)
+    out = tmp_path / "router.json"
+
+    done = CliRunner().invoke(
+        app, ["router", "train", "--table", str(table), "--out", str(out), "--head", "mlp"]
+    )
+
+    assert done.exit_code == 0, done.output
+    assert "router head: mlp, as asked (--head mlp)" in " ".join(done.output.split())
+    saved = json.loads(out.read_text())
+    assert (saved["format"], saved["head"], len(saved["networks"])) == (
+        "conductor-router/4",
+        "mlp",
+        3,
+    )
+    assert set(saved["networks"][0]["hidden_weight"]) == {"dtype", "shape", "data"}  # packed
+    model = load_router_model(out)
+    assert model.domains is not None
+    assert model.domains.names == ["math", "trivia"]
+    report = json.loads((tmp_path / "router.report.json").read_text())
+    assert report["head"]["chosen"] == "mlp"
+    router = Router.load(out)
+    held = [row for row in rows if row["split"] == "test"]
+    curve = next(c for c in report["curves"] if c["name"] == "router")
+    for point in curve["points"][::10]:
+        chosen: dict[str, list[str]] = {"math": [], "trivia": []}
+        right = 0.0
+        for row in held:
+            decision = router.choose(row["question"], cost_weight=point["cost_weight"])
+            assert decision is not None
+            chosen[row["domain"]].append(decision.worker)
+            worker = next(w for w, slug in SLUGS.items() if slug == decision.worker)
+            right += row["outcomes"][worker]["score"]
+        assert right == pytest.approx(point["correct"]), point
+        if point["cost_weight"] == 0:
+            assert chosen["math"].count("mathlete") >= 0.9 * len(chosen["math"])
+            assert chosen["trivia"].count("quizzer") >= 0.9 * len(chosen["trivia"])
 
 
 # -- reading an outcome table -------------------------------------------------------------------

@@ -1,15 +1,17 @@
 """conductor-mini's learned router: a model, not an adapter. Its file format (``model``), the
 question's embedding and text features, fitting the router and its knn and cluster baselines
-from arrays (``fitting``), the held-out report (``report``) and serving (``serving``: the
-worker a question goes to).
+from arrays (``fitting``; the router's logistic or mlp head: ``heads``), the held-out report
+(``report``) and serving (``serving``: the worker a question goes to).
 
 It reads only the core, numpy and pydantic (scikit-learn and WordLlama where they are used:
 the router extra). The planner and the evaluation serve it, the trainer fits it from evaluation
-results and traces; what they may use is exported here, the modules are this package's own.
+results and traces (and trains the mlp head's networks, in torch, for ``heads``); what they
+may use is exported here, the modules are this package's own.
 """
 
 from conductor_router.embedding import EMBEDDER_NAME, ROUTER_INSTALL, QuestionEmbedder
-from conductor_router.fitting import Progress, embed_questions, fit_routers
+from conductor_router.fitting import embed_questions, fit_routers
+from conductor_router.heads import HEAD_CHOICES, HeadChoice, MlpFitter, Progress
 from conductor_router.model import (
     PER_QUESTIONS,
     ROUTER_FORMAT,
@@ -35,11 +37,14 @@ from conductor_router.text_features import QUESTION_FEATURES, question_features
 
 __all__ = [
     "EMBEDDER_NAME",
+    "HEAD_CHOICES",
     "PER_QUESTIONS",
     "QUESTION_FEATURES",
     "ROUTER_FORMAT",
     "ROUTER_INSTALL",
+    "HeadChoice",
     "HeadKind",
+    "MlpFitter",
     "MlpNetwork",
     "MlpWeights",
     "PackedArray",

@@ -2,11 +2,12 @@
 embeddings, per question and worker the share of right answers (NaN: not run) and the cost,
 and which questions are for training.
 
-- the router: per worker a logistic head over the embedding and the standardised text
-  features, fitted by scikit-learn on the share of right answers; where the training questions
-  come from several domains (benchmarks, an outcome table's domains), a domain head first
-  (which domain a question is from, learnt from those labels), whose chances the worker heads
-  read too, and each worker's mean cost per domain;
+- the router: where the training questions come from several domains (benchmarks, an
+  outcome table's domains), a domain head first (which domain a question is from, learnt from
+  those labels) and each worker's mean cost per domain; then a head (``heads``: a logistic
+  regression per worker, or an mlp, or whichever cross-validates better) over the domain
+  chances, the embedding and the standardised text features, fitted on the share of right
+  answers;
 - ``knn``: the training questions' embeddings and right-shares (the best worker of the 15
   nearest training questions);
 - ``cluster``: k-means on the training embeddings, each cluster's right-shares (the best
@@ -18,8 +19,7 @@ its worker's mean cost over the training questions it ran.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -27,34 +27,27 @@ import numpy.typing as npt
 
 from conductor.errors import ConfigurationError
 from conductor_router.embedding import QuestionEmbedder
-from conductor_router.model import PER_QUESTIONS, DomainHead, RouterModel, WorkerHead
+from conductor_router.heads import (
+    HEAD_CHOICES,
+    HeadChoice,
+    HeadInputs,
+    MlpFitter,
+    Progress,
+    fit_head,
+)
+from conductor_router.model import DomainHead, RouterModel, WorkerHead
 from conductor_router.packed_array import PackedArray
-from conductor_router.report import COST_WEIGHTS
 from conductor_router.serving import domain_costs, known_mean, softmax
-from conductor_router.text_features import QUESTION_FEATURES, question_features
+from conductor_router.text_features import question_features
 
-# The inverse regularisation of each worker's logistic head is chosen per training set, by
-# 5-fold cross-validation over its training items, among HEAD_C_GRID: what suits one pool does
-# not suit another (on RouterBench's training split the curve area was best at 0.3; on
-# RouterDC's, with seven 7-8B models of one price, the mean accuracy per benchmark at 0.1).
-# The score is the routed utility (right share minus cost weight times cost) averaged over the
-# swept cost weights: at one price for all it is the routed accuracy. Fewer training items
-# than CV_MIN_ITEMS: HEAD_C, with no cross-validation (a fifth of a few hundred items cannot
-# tell these values apart, and the 20 extra fits per head would cost more than they tell).
 # The domain chances enter the heads at weight 10: chosen on RouterBench's training split,
 # where without them (C = 3, the choice made on the simulated pool) the curve area was 0.8223
 # and with them (C = 0.3) 0.8267.
-HEAD_C = 0.3
-HEAD_C_GRID = (0.03, 0.1, 0.3, 1.0)
-CV_FOLDS = 5
-CV_MIN_ITEMS = 500
 DOMAIN_WEIGHT = 10.0
 DOMAIN_C = 1.0
 KNN_NEIGHBOURS = 15
 CLUSTERS = 20
 EMBED_BATCH = 64
-
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 def _quiet(stage: str, done: int, total: int) -> None:
@@ -87,13 +80,20 @@ def fit_routers(
     domains: Sequence[str] | None = None,
     trained: dict[str, Any] | None = None,
     progress: Progress | None = None,
+    head: HeadChoice = "logistic",
+    mlp: MlpFitter | None = None,
 ) -> dict[str, RouterModel]:
-    """The router (``router``: one logistic head per worker) and the ``knn`` and ``cluster``
-    baselines, fitted on the questions ``train`` marks. ``right`` and ``cost`` are (questions,
-    workers), NaN where a worker did not run; ``domains`` is each question's domain (its
-    benchmark), when known; ``embedder`` names the embeddings' model and dimensions;
-    ``trained`` is the provenance the files keep."""
+    """The router (``router``: a logistic or an mlp head, as ``head`` says) and the ``knn``
+    and ``cluster`` baselines, fitted on the questions ``train`` marks. ``right`` and ``cost``
+    are (questions, workers), NaN where a worker did not run; ``domains`` is each question's
+    domain (its benchmark), when known; ``embedder`` names the embeddings' model and
+    dimensions; ``trained`` is the provenance the files keep; ``mlp`` trains the mlp head's
+    networks (needed unless ``head`` is ``logistic``)."""
     notify = progress or _quiet
+    if head not in HEAD_CHOICES:
+        raise ConfigurationError(f"unknown head {head!r}; known: {', '.join(HEAD_CHOICES)}")
+    if head != "logistic" and mlp is None:
+        raise ValueError(f"head {head!r} needs an mlp fitter")
     known = train[:, None] & ~np.isnan(right)
     for j, worker in enumerate(workers):
         if not known[:, j].any():
@@ -113,16 +113,15 @@ def fit_routers(
         for j, worker in enumerate(workers)
     ]
     labels = None if domains is None else np.array(domains, dtype=object)
+    inputs = _router_inputs(questions, embeddings, right, cost, train, labels, heads)
     return {
-        "router": _fit_logistic(
-            questions, embeddings, right, cost, train, labels, heads, common, notify
-        ),
+        "router": fit_head(inputs, right, cost, train, common, notify, head, mlp),
         "knn": _fit_knn(embeddings, right, train, heads, common),
         "cluster": _fit_cluster(embeddings, right, train, heads, common),
     }
 
 
-def _fit_logistic(
+def _router_inputs(
     questions: Sequence[str],
     embeddings: npt.NDArray[np.float32],
     right: npt.NDArray[np.float64],
@@ -130,11 +129,10 @@ def _fit_logistic(
     train: npt.NDArray[np.bool_],
     domains: npt.NDArray[Any] | None,
     heads: list[WorkerHead],
-    common: dict[str, Any],
-    notify: Progress,
-) -> RouterModel:
-    """Per worker a logistic head over the domain chances (when the training questions come
-    from several domains), the embedding and the standardised text features."""
+) -> HeadInputs:
+    """What the logistic and mlp heads read: the domain chances (times DOMAIN_WEIGHT, when the
+    training questions come from several domains: the domain head is fitted here, on all of
+    them), the embedding and the standardised text features."""
     raw = question_features(questions)
     feature_mean = raw[train].mean(axis=0)
     feature_scale = raw[train].std(axis=0)
@@ -154,47 +152,14 @@ def _fit_logistic(
             for j, head in enumerate(heads)
         ]
         inputs = np.hstack([chances * DOMAIN_WEIGHT, inputs])
-    expected_cost = _expected_costs(heads, inputs, domain_head)
-    head_c, scores = _choose_head_c(inputs, right, cost, expected_cost, train, notify)
-    fitted_heads = []
-    for j, head in enumerate(heads):
-        notify("fitting", j, len(heads))
-        coef, intercept = _fit_head(inputs, right[:, j], train, head_c)
-        fitted_heads.append(head.model_copy(update={"coef": coef, "intercept": intercept}))
-    notify("fitting", len(heads), len(heads))
-    common = {**common, "trained": {**common["trained"], "head_c": head_c, "head_c_cv": scores}}
-    return RouterModel(
-        head="logistic",
-        features=list(QUESTION_FEATURES),
-        feature_mean=feature_mean.tolist(),
-        feature_scale=feature_scale.tolist(),
+    return HeadInputs(
+        values=inputs,
+        expected_cost=_expected_costs(heads, inputs, domain_head),
+        heads=heads,
+        feature_mean=feature_mean,
+        feature_scale=feature_scale,
         domains=domain_head,
-        workers=fitted_heads,
-        **common,
     )
-
-
-def _fit_head(
-    inputs: npt.NDArray[np.float64],
-    right: npt.NDArray[np.float64],
-    train: npt.NDArray[np.bool_],
-    head_c: float,
-) -> tuple[list[float], float]:
-    """One worker's logistic head on the ``train`` items it ran: coefficients and intercept."""
-    from sklearn.linear_model import LogisticRegression  # type: ignore[import-untyped]
-
-    known = train & ~np.isnan(right)
-    shares = right[known]
-    if shares.min() == shares.max():  # always right or always wrong: a constant head
-        rate = min(max(shares.mean(), 0.01), 0.99)
-        return [0.0] * inputs.shape[1], math.log(rate / (1 - rate))
-    # Each item twice, as right with weight = its share of right answers and as wrong with the
-    # rest: the head fits the share, not a coin flip.
-    x = np.concatenate([inputs[known], inputs[known]])
-    y = np.concatenate([np.ones(len(shares)), np.zeros(len(shares))])
-    weights = np.concatenate([shares, 1 - shares])
-    fitted = LogisticRegression(C=head_c, max_iter=2000).fit(x, y, sample_weight=weights)
-    return fitted.coef_[0].tolist(), float(fitted.intercept_[0])
 
 
 def _expected_costs(
@@ -208,51 +173,12 @@ def _expected_costs(
     return result
 
 
-def _choose_head_c(
-    inputs: npt.NDArray[np.float64],
-    right: npt.NDArray[np.float64],
-    cost: npt.NDArray[np.float64],
-    expected_cost: npt.NDArray[np.float64],
-    train: npt.NDArray[np.bool_],
-    notify: Progress,
-) -> tuple[float, dict[str, float]]:
-    """The HEAD_C_GRID value whose heads, fitted on four fifths of the training items, routed
-    the other fifth best (routed utility averaged over the swept cost weights), and each
-    value's score. Only items every worker ran are scored; too few training items: HEAD_C."""
-    complete = np.flatnonzero(train & ~np.isnan(right).any(axis=1) & ~np.isnan(cost).any(axis=1))
-    if len(complete) < CV_MIN_ITEMS:
-        return HEAD_C, {}
-    rng = np.random.default_rng(0)
-    folds = np.array_split(rng.permutation(complete), CV_FOLDS)
-    weights = np.array(COST_WEIGHTS)[:, None, None] * PER_QUESTIONS
-    scores: dict[str, float] = {}
-    total = len(HEAD_C_GRID) * CV_FOLDS
-    for g, head_c in enumerate(HEAD_C_GRID):
-        utility = []
-        for f, fold in enumerate(folds):
-            notify("choosing the regularisation", g * CV_FOLDS + f, total)
-            fit_on = train.copy()
-            fit_on[fold] = False
-            p = np.empty((len(fold), right.shape[1]))
-            for j in range(right.shape[1]):
-                coef, intercept = _fit_head(inputs, right[:, j], fit_on, head_c)
-                p[:, j] = 1 / (1 + np.exp(-(inputs[fold] @ np.array(coef) + intercept)))
-            picks = (p[None] - weights * expected_cost[fold][None]).argmax(axis=2)
-            rows = np.arange(len(fold))
-            got = right[fold][rows, picks] - weights[:, :, 0] * cost[fold][rows, picks]
-            utility.append(got.mean(axis=0))
-        scores[f"{head_c:g}"] = round(float(np.concatenate(utility).mean()), 6)
-    notify("choosing the regularisation", total, total)
-    best = max(HEAD_C_GRID, key=lambda c: (scores[f"{c:g}"], -c))
-    return best, scores
-
-
 def _fit_domains(
     inputs: npt.NDArray[np.float64], domains: npt.NDArray[Any], train: npt.NDArray[np.bool_]
 ) -> tuple[DomainHead, npt.NDArray[np.float64]]:
     """The domain head, learnt from the training questions' domains, and every question's
     domain chances as serving computes them."""
-    from sklearn.linear_model import LogisticRegression
+    from sklearn.linear_model import LogisticRegression  # type: ignore[import-untyped]
 
     names = sorted(set(domains[train]))
     labels = np.array([names.index(d) for d in domains[train]])

@@ -35,6 +35,7 @@ from conductor_evaluation import (
     worker_slug,
 )
 from conductor_router import (
+    HeadChoice,
     Progress,
     QuestionEmbedder,
     Router,
@@ -43,6 +44,7 @@ from conductor_router import (
     fit_routers,
     held_out_report,
 )
+from conductor_trainer.router_mlp import TorchMlpFitter
 
 SINGLE = "single:"
 
@@ -165,10 +167,12 @@ def train_router(
     *,
     cost_weight: float = 0.0,
     progress: Progress | None = None,
+    head: HeadChoice = "auto",
 ) -> tuple[dict[str, RouterModel], dict[str, Any]]:
-    """The router (one logistic head per worker) and the ``knn`` and ``cluster`` baselines, all
-    fitted on the training items and keyed by their names in the report, and the report on the
-    held-out items."""
+    """The router (a logistic head per worker or an mlp head, as ``head`` says; ``auto``: the
+    one cross-validation on the training items prefers) and the ``knn`` and ``cluster``
+    baselines, all fitted on the training items and keyed by their names in the report, and the
+    report on the held-out items, which says which head the router got and why (``head``)."""
     questions = [item.question for item in data.items]
     embeddings = embed_questions(embedder, questions, progress)
     held = data.held_out
@@ -195,6 +199,8 @@ def train_router(
         domains=data.domains,
         trained=trained,
         progress=progress,
+        head=head,
+        mlp=TorchMlpFitter(),
     )
     routers = {name: Router(model, embedder) for name, model in models.items()}
     report = held_out_report(
@@ -206,4 +212,16 @@ def train_router(
         held=held,
         routers=routers,
     )
-    return models, report
+    return models, {**report, "head": head_choice(models["router"])}
+
+
+def head_choice(model: RouterModel) -> dict[str, Any]:
+    """Which head the router got, how it was chosen, and each candidate's mean area under the
+    accuracy/cost curve in cross-validation on the training items (none: too few to fold)."""
+    trained = model.trained
+    return {
+        "chosen": model.head,
+        "asked": trained.get("head_choice"),
+        "cv_folds": trained.get("head_cv_folds", 0),
+        "cv_area": trained.get("head_cv_area", {}),
+    }
