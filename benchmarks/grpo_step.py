@@ -10,7 +10,7 @@ of the samples, the loss, backward, the optimizer). The first step carries one-o
 
     python benchmarks/grpo_step.py [--questions 4] [--samples 8] [--new-tokens 160]
         [--steps 2] [--lora-rank 0] [--checkpointing on|off] [--precision auto|bf16|fp32]
-        [--loss-micro-batch N] [--format-warmup 40] [--prompt-examples on|off]
+        [--loss-micro-batch N] [--format-warmup 40] [--prompt-form full|short|compact]
         [--base-model M] [--out DIR]
 
 Fixed settings so that runs compare: 4 questions x 8 samples at 160 new tokens (sampling can
@@ -35,6 +35,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from conductor.ports import PromptForm
 
 
 @dataclass
@@ -109,10 +111,10 @@ def main() -> None:
         help="rows per forward and backward pass of the loss (default: conductor train's)",
     )
     parser.add_argument(
-        "--prompt-examples",
-        choices=("on", "off", "auto"),
+        "--prompt-form",
+        choices=("auto", *(form.value for form in PromptForm)),
         default="auto",
-        help="few-shot examples in the prompt (auto: conductor train's default)",
+        help="the prompts trained on (auto: conductor train's default)",
     )
     parser.add_argument("--base-model", default=None, help="another model (default: SmolLM2)")
     parser.add_argument("--out", type=Path, default=None, help="keep the run here")
@@ -145,7 +147,7 @@ def main() -> None:
         lora_rank=args.lora_rank,
         precision=args.precision,
         format_warmup_steps=args.format_warmup,
-        prompt_examples=None if args.prompt_examples == "auto" else args.prompt_examples == "on",
+        prompt_form=None if args.prompt_form == "auto" else PromptForm(args.prompt_form),
         base_model=args.base_model,
         loss_micro_batch=args.loss_micro_batch,
         extra={"gradient_checkpointing": args.checkpointing == "on"},

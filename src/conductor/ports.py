@@ -25,6 +25,20 @@ class PlanFormat(StrEnum):
     JSON = "json"  # one JSON object, for backends with schema-constrained decoding
 
 
+class PromptForm(StrEnum):
+    """What the Conductor's prompt carries besides the pool and the question. A model is served
+    the form it was trained on: one trained without the examples plans worse with them, and
+    every prompt token costs time."""
+
+    FULL = "full"  # the rules and the few-shot examples: for models not trained on our prompt
+    SHORT = "short"  # the rules without the examples (checkpoints trained before COMPACT)
+    COMPACT = "compact"  # the rules in brief, no examples: what training without examples writes
+
+    @property
+    def examples(self) -> bool:
+        return self is PromptForm.FULL
+
+
 @runtime_checkable
 class ChatWorker(Protocol):
     """A worker LLM reachable for chat completions: one provider call per method call.
@@ -114,9 +128,8 @@ class PlannerBackend(Protocol):
 
     name: str
     plan_format: PlanFormat
-    # Whether the prompt carries the few-shot examples: a model trained without them is
-    # served without them.
-    prompt_examples: bool
+    # The prompt form its model was trained on (FULL for a model no Conductor training wrote).
+    prompt_form: PromptForm
 
     async def generate(
         self,

@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from conductor.errors import ConfigurationError
+from conductor.ports import PromptForm
 from conductor_adapters.settings import get_settings
 from conductor_cli.progress import progress_bar, stderr_console
 from conductor_trainer.precision import PRECISION_CHOICES, PrecisionChoice
@@ -99,12 +100,13 @@ def train_command(
         help="Train LoRA adapters of this rank on every linear layer instead of all weights "
         "(0: off); the checkpoint has them merged in and serves as one model.",
     ),
-    prompt_examples: bool | None = typer.Option(
+    prompt_form: str | None = typer.Option(
         None,
-        "--prompt-examples/--no-prompt-examples",
-        help="Train on prompts with (or without) the few-shot examples; the checkpoint records "
-        "it and is served the same way. Default: as the base model was trained, and with "
-        "them for a model Conductor training never saw.",
+        "--prompt-form",
+        help="The prompts trained on: full (the rules and the few-shot examples), compact (the "
+        "rules in brief: about 40% of full's tokens on a small pool) or short (the rules, no "
+        "examples). The checkpoint records it and is served the same way. Default: as the "
+        "base model was trained, and full for a model Conductor training never saw.",
     ),
     precision: str = typer.Option(
         "auto",
@@ -143,7 +145,7 @@ def train_command(
         seed=seed,
         lora_rank=lora_rank,
         precision=precision_choice(precision),
-        prompt_examples=prompt_examples,
+        prompt_form=None if prompt_form is None else prompt_form_choice(prompt_form),
         format_warmup_steps=format_warmup,
         warmup_labels=warmup_labels,
         save_every=save_every,
@@ -192,6 +194,14 @@ def precision_choice(value: str) -> PrecisionChoice:
             f"--precision {value!r}: choose one of {', '.join(PRECISION_CHOICES)}"
         )
     return value
+
+
+def prompt_form_choice(value: str) -> PromptForm:
+    try:
+        return PromptForm(value)
+    except ValueError:
+        choices = ", ".join(form.value for form in PromptForm)
+        raise ConfigurationError(f"--prompt-form {value!r}: choose one of {choices}") from None
 
 
 def grpo_fields(pairs: list[str]) -> dict[str, Any]:

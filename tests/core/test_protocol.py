@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conductor.ports import PlanFormat, PlanRequest, PriorRound
+from conductor.ports import PlanFormat, PlanRequest, PriorRound, PromptForm
 from conductor.protocol import (
     ParsedLists,
     ParseFailure,
@@ -73,12 +73,54 @@ def test_a_prompt_without_examples_keeps_the_task_output_form_pool_and_question(
 ) -> None:
     request = PlanRequest(question="What is 6 * 7?", pool=POOL, max_steps=5)
     with_examples = render_prompt(request, fmt)
-    system, user = render_prompt(request, fmt, examples=False)
+    system, user = render_prompt(request, fmt, form=PromptForm.SHORT)
     assert "Example" not in system.content
     assert "sample team" not in system.content
     assert system.content in with_examples[0].content  # the same text, less the examples
     assert len(system.content) < len(with_examples[0].content) / 2
     assert user == with_examples[1]
+
+
+@pytest.mark.parametrize("fmt", list(PlanFormat))
+@pytest.mark.parametrize("offer_conductor", [False, True])
+def test_the_compact_prompt_says_the_rules_in_brief(fmt: PlanFormat, offer_conductor: bool) -> None:
+    pool = [*POOL, PoolEntry(name="conductor", description="", is_conductor=True)]
+    request = PlanRequest(
+        question="What is 6 * 7?", pool=pool if offer_conductor else POOL, max_steps=4
+    )
+    short = render_prompt(request, fmt, form=PromptForm.SHORT)
+    system, user = render_prompt(request, fmt, form=PromptForm.COMPACT)
+    assert "Example" not in system.content
+    # Every rule a plan is judged by is still named: the step limit, the three fields, the
+    # access list's forms, who sees the question, and what the last step is for.
+    for rule in ("1 to 4 steps", "model_id", "subtask", "access_list", '["all"]', "first", "last"):
+        assert rule in system.content, rule
+    assert "steps" in system.content
+    assert ("JSON" in system.content) is (fmt is PlanFormat.JSON)
+    assert len(system.content) < len(short[0].content) / 2
+    assert user.content.endswith("Question: What is 6 * 7?")
+    for model_id, entry in enumerate(POOL):
+        assert f"Model {model_id}: {entry.description}" in user.content
+    if offer_conductor:
+        assert f"Model {len(POOL)}: you; only as the last step" in user.content
+    assert len(user.content) <= len(short[1].content)
+
+
+def test_the_compact_prompt_shows_a_long_question_s_head_and_tail() -> None:
+    document = "".join(f"Line {i} of a long document.\n" for i in range(400))
+    question = f"Read this.\n{document}Which line comes after line 398?"
+    request = PlanRequest(question=question, pool=POOL, max_steps=5)
+    _, full_user = render_prompt(request, PlanFormat.LISTS, form=PromptForm.SHORT)
+    _, user = render_prompt(request, PlanFormat.LISTS, form=PromptForm.COMPACT)
+    assert question in full_user.content  # the forms trained before see the question whole
+    shown = user.content.split("Question: ", 1)[1]
+    assert shown.startswith("Read this.\nLine 0 of a long document.")
+    assert shown.endswith("Line 399 of a long document.\nWhich line comes after line 398?")
+    assert "characters ...]" in shown
+    assert len(shown) < 1100 < len(question)
+    short_question = PlanRequest(question="What is 6 * 7?", pool=POOL, max_steps=5)
+    _, user = render_prompt(short_question, PlanFormat.LISTS, form=PromptForm.COMPACT)
+    assert user.content.endswith("Question: What is 6 * 7?")
 
 
 def test_examples_are_valid_plans_in_both_formats() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from conductor.chat import ChatMessage, Completion, Usage
 from conductor.executor import WorkflowExecutor
 from conductor.pool import Price, Provider, Quotas
-from conductor.ports import PlanFormat
+from conductor.ports import PlanFormat, PromptForm
 from conductor.variants import BUILTIN_VARIANTS
 from conductor_adapters.loop_thread import LoopThread
 from conductor_adapters.store.db import make_engine, upgrade
@@ -96,7 +96,7 @@ class TwoStepBackend:
 
     plan_format = PlanFormat.LISTS
     name = "two-step"
-    prompt_examples = True
+    prompt_form = PromptForm.FULL
 
     async def generate(
         self,

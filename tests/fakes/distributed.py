@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 from conductor.chat import ChatMessage, Completion
 from conductor.messaging import AGGREGATOR_QUEUE
 from conductor.pool import Pool
-from conductor.ports import ChatWorker, PlanFormat, PlannerBackend
+from conductor.ports import ChatWorker, PlanFormat, PlannerBackend, PromptForm
 from conductor.variants import Variant
 from conductor.workflow import WorkflowRecord
 from conductor_adapters.loop_thread import LoopThread
@@ -60,9 +60,9 @@ class SwitchableBackend:
         return self.current.plan_format
 
     @property
-    def prompt_examples(self) -> bool:
+    def prompt_form(self) -> PromptForm:
         assert self.current is not None, "no planner backend set for this test"
-        return self.current.prompt_examples
+        return self.current.prompt_form
 
     async def generate(
         self,

@@ -16,7 +16,7 @@ from typing import Any
 
 from conductor.chat import ChatMessage, Completion, ToolCall, ToolUse, Usage
 from conductor.pool import Pool, Price, Provider, Quotas, WorkerSpec
-from conductor.ports import ChatWorker, PlanFormat
+from conductor.ports import ChatWorker, PlanFormat, PromptForm
 from conductor.streaming import StreamEnd, StreamEvent, TextDelta
 from conductor_gateway.gateway import WorkerGateway
 from conductor_gateway.retry import RetryPolicy
@@ -184,7 +184,7 @@ class ScriptedBackend:
     outputs: list[str]
     plan_format: PlanFormat = PlanFormat.LISTS
     name: str = "scripted"
-    prompt_examples: bool = True
+    prompt_form: PromptForm = PromptForm.FULL
     requests: list[dict[str, Any]] = field(default_factory=list)
 
     async def generate(

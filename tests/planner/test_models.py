@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from conductor.errors import ConfigurationError
+from conductor.ports import PromptForm
 from conductor_planner.models import (
     COMPLETE_MARKER,
     PROMPT_FORM_FILE,
     ModelSource,
     _write_cache,
-    prompt_examples_of,
+    prompt_form_of,
     write_prompt_form,
 )
 
@@ -72,25 +73,41 @@ def test_losing_the_race_to_another_process_is_fine(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model-abc"]
 
 
-@pytest.mark.parametrize("examples", [True, False])
+@pytest.mark.parametrize("form", list(PromptForm))
 def test_a_checkpoint_is_served_with_the_prompt_form_it_was_trained_on(
-    tmp_path: Path, examples: bool
+    tmp_path: Path, form: PromptForm
 ) -> None:
-    write_prompt_form(tmp_path, examples=examples)
-    for default in (True, False):
-        assert prompt_examples_of(ModelSource(str(tmp_path)), default=default) is examples
+    write_prompt_form(tmp_path, form=form)
+    for default in PromptForm:
+        assert prompt_form_of(ModelSource(str(tmp_path)), default=default) is form
+
+
+@pytest.mark.parametrize(
+    ("recorded", "form"), [("true", PromptForm.FULL), ("false", PromptForm.SHORT)]
+)
+def test_a_checkpoint_written_before_the_compact_form_keeps_its_form(
+    tmp_path: Path, recorded: str, form: PromptForm
+) -> None:
+    # Such a checkpoint records only whether its prompts carried the examples; without them
+    # it was trained on the rules in full.
+    (tmp_path / PROMPT_FORM_FILE).write_text(f'{{"few_shot_examples": {recorded}}}')
+    assert prompt_form_of(ModelSource(str(tmp_path))) is form
 
 
 def test_a_model_no_training_wrote_gets_the_default_prompt_form(tmp_path: Path) -> None:
-    (tmp_path / PROMPT_FORM_FILE).write_text('{"few_shot_examples": false}')
+    (tmp_path / PROMPT_FORM_FILE).write_text('{"form": "compact", "few_shot_examples": false}')
     gguf = ModelSource(str(tmp_path), "model.gguf")  # a GGUF file is never a trained checkpoint
-    assert prompt_examples_of(gguf) is True
-    assert prompt_examples_of(ModelSource(str(tmp_path / "elsewhere")), default=False) is False
-    assert prompt_examples_of(ModelSource("org/name")) is True
+    assert prompt_form_of(gguf) is PromptForm.FULL
+    elsewhere = ModelSource(str(tmp_path / "elsewhere"))
+    assert prompt_form_of(elsewhere, default=PromptForm.COMPACT) is PromptForm.COMPACT
+    assert prompt_form_of(ModelSource("org/name")) is PromptForm.FULL
 
 
-@pytest.mark.parametrize("text", ["{", '{"examples": false}', '{"few_shot_examples": "no"}'])
+@pytest.mark.parametrize(
+    "text",
+    ["{", '{"examples": false}', '{"few_shot_examples": "no"}', '{"form": "tiny"}', "[]"],
+)
 def test_a_broken_prompt_form_file_is_a_clear_error(tmp_path: Path, text: str) -> None:
     (tmp_path / PROMPT_FORM_FILE).write_text(text)
     with pytest.raises(ConfigurationError, match=PROMPT_FORM_FILE):
-        prompt_examples_of(ModelSource(str(tmp_path)))
+        prompt_form_of(ModelSource(str(tmp_path)))

@@ -24,8 +24,8 @@ import pytest
 
 from conductor.chat import ChatMessage, Completion
 from conductor.errors import ConductorError, ConfigurationError, ModelNotFoundError
-from conductor.ports import PlanFormat, PlanRequest
-from conductor.protocol import fallback_plan
+from conductor.ports import PlanFormat, PlanRequest, PromptForm
+from conductor.protocol import fallback_plan, render_prompt
 from conductor.workflow import PlanOutcome, PoolEntry
 from conductor_adapters.llamacpp import smollm2_gguf_path
 from conductor_adapters.settings import Settings, default_cache_dir
@@ -255,18 +255,19 @@ def test_the_prompt_is_the_chat_template_with_the_generation_prompt(
     assert "Hello" in text
 
 
-@pytest.mark.parametrize("examples", [True, False])
+@pytest.mark.parametrize("form", list(PromptForm))
 async def test_the_planner_sends_the_prompt_form_its_backend_was_trained_on(
-    examples: bool,
+    form: PromptForm,
 ) -> None:
     from fakes.scripted import ScriptedBackend, lists
 
-    backend = ScriptedBackend([lists([0], ["Solve it."], [[]])], prompt_examples=examples)
+    backend = ScriptedBackend([lists([0], ["Solve it."], [[]])], prompt_form=form)
     request = PlanRequest(question="q", pool=[PoolEntry(name="a", description="any")], max_steps=5)
     outcome = await ConductorPlanner(backend).plan(request)
     assert outcome.valid
     system = backend.requests[0]["messages"][0].content
-    assert ("Example 1" in system) is examples
+    assert system == render_prompt(request, PlanFormat.LISTS, form=form)[0].content
+    assert ("Example 1" in system) is (form is PromptForm.FULL)
 
 
 async def test_a_plan_that_copies_an_example_subtask_falls_back_to_the_question_as_asked() -> None:
@@ -275,7 +276,7 @@ async def test_a_plan_that_copies_an_example_subtask_falls_back_to_the_question_
     from fakes.scripted import ScriptedBackend, lists
 
     copied = EXAMPLES[2].routing_plan.steps[0].subtask
-    backend = ScriptedBackend([lists([1], [copied], [[]])], prompt_examples=True)
+    backend = ScriptedBackend([lists([1], [copied], [[]])], prompt_form=PromptForm.FULL)
     pool = [PoolEntry(name="a", description="any"), PoolEntry(name="b", description="any")]
     request = PlanRequest(question="pens?", pool=pool, max_steps=5, fallback_model_id=0)
     outcome = await ConductorPlanner(backend).plan(request)

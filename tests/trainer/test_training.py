@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conductor.pool import Provider, parse_pool
-from conductor.ports import PlanRequest
+from conductor.ports import PlanRequest, PromptForm
 from conductor.workflow import PlanOutcome, PoolEntry
 from conductor_evaluation.datasets import load_suite
 from conductor_evaluation.replay import ReplayWorker, replay_pool
@@ -302,9 +302,9 @@ def tiny_training_run(
     return run_conductor_here(*args)
 
 
-def assert_served(checkpoint: Path, *, prompt_examples: bool | None = None) -> None:
+def assert_served(checkpoint: Path, *, form: PromptForm | None = None) -> None:
     """The planner's transformers backend loads the checkpoint and plans with it (with the
-    prompt form it was trained on, when ``prompt_examples`` says which)."""
+    prompt form it was trained on, when ``form`` says which)."""
     from conductor_planner.backends.transformers import load_transformers_backend
 
     assert (checkpoint / "config.json").exists()
@@ -312,8 +312,8 @@ def assert_served(checkpoint: Path, *, prompt_examples: bool | None = None) -> N
 
     async def plan() -> PlanOutcome:
         backend = load_transformers_backend(str(checkpoint), device="cpu")
-        if prompt_examples is not None:
-            assert backend.prompt_examples is prompt_examples
+        if form is not None:
+            assert backend.prompt_form is form
         try:
             return await ConductorPlanner(backend).plan(
                 PlanRequest(
@@ -347,7 +347,7 @@ def test_a_short_training_run_writes_a_checkpoint_the_planner_serves(
     assert [r["step"] for r in rows] == [1]
     assert all({"reward", "format_valid", "steps_per_plan"} <= set(r) for r in rows)
     assert (out / "training_curve.png").read_bytes()[:4] == b"\x89PNG"
-    assert_served(out / "checkpoint", prompt_examples=True)
+    assert_served(out / "checkpoint", form=PromptForm.FULL)
     # Interrupted runs carry on from their last checkpoint: one more step, not three.
     assert [p.name for p in (out / "trainer").glob("checkpoint-*")] == ["checkpoint-1"]
     resumed = tiny_training_run(out, steps=2, resume=True, base_model=tiny_model)
@@ -368,7 +368,8 @@ def test_lora_training_saves_the_adapters_merged_into_one_model_the_planner_serv
         out,
         "--lora-rank",
         "4",
-        "--no-prompt-examples",
+        "--prompt-form",
+        "compact",
         "--cost-weight",
         "0.05",
         steps=1,
@@ -383,11 +384,11 @@ def test_lora_training_saves_the_adapters_merged_into_one_model_the_planner_serv
     # cannot show here: a random tiny model's samples are all invalid, every advantage 0.)
     assert {n: t.shape for n, t in trained.items()} == {n: t.shape for n, t in base.items()}
     recorded = json.loads((out / "train_options.json").read_text())
-    assert (recorded["lora_rank"], recorded["prompt_examples"]) == (4, False)
+    assert (recorded["lora_rank"], recorded["prompt_form"]) == (4, "compact")
     # The checkpoint itself records the reward's cost weight it was trained with.
     form = json.loads((checkpoint / "conductor_prompt.json").read_text())
-    assert form == {"few_shot_examples": False, "reward_cost_weight": 0.05}
-    assert_served(checkpoint, prompt_examples=False)  # served as trained: without the examples
+    assert form == {"form": "compact", "few_shot_examples": False, "reward_cost_weight": 0.05}
+    assert_served(checkpoint, form=PromptForm.COMPACT)  # served as trained: in brief
 
 
 @pytest.mark.model
@@ -653,7 +654,7 @@ async def test_a_plan_copying_an_example_subtask_is_invalid_where_the_prompt_sho
 
     copied = EXAMPLES[0].routing_plan.steps[0].subtask
     text = f"model_id = [1]\nsubtasks = {json.dumps([copied])}\naccess_list = [[]]"
-    assert rewarder.prompt_examples  # the default, as train's default prompt carries them
+    assert rewarder.prompt_form is PromptForm.FULL  # train's default prompt carries them
     assert (await rewarder.score(text, KEY, ["never", "always"])).reward == INVALID
-    rewarder.prompt_examples = False
+    rewarder.prompt_form = PromptForm.COMPACT
     assert (await rewarder.score(text, KEY, ["never", "always"])).reward == RIGHT

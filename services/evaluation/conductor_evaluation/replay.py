@@ -229,19 +229,20 @@ def recorded_workers(table: OutcomeTable) -> dict[str, RecordedWorker]:
     }
 
 
-def _description(record: RecordedWorker) -> str:
+def _description(name: str, record: RecordedWorker) -> str:
+    # Short: the Conductor's prompt lists every worker (RouterBench's 11 took 57 tokens each,
+    # a third of the prompt without its examples, before these were cut to about 25).
     score = (
         "no recorded score"
         if record.mean_score is None
-        else f"recorded mean score {record.mean_score:.3f} on {record.scored:,} questions "
-        "outside the test split"
+        else f"recorded score {record.mean_score:.2f}"
     )
     cost = (
         "no recorded cost"
         if record.mean_cost_usd is None
-        else f"mean cost ${record.mean_cost_usd * 1000:.4g} per 1,000 questions"
+        else f"${record.mean_cost_usd * 1000:.3g} per 1k questions"
     )
-    return f"[replay] {record.name}: {score}, {cost}."
+    return f"{name}: {score}, {cost}."
 
 
 def replay_pool(path: str | Path) -> Pool:
@@ -265,7 +266,7 @@ def replay_pool(path: str | Path) -> Pool:
                     provider=Provider.REPLAY,
                     model=record.name,
                     table=table.source,
-                    description=_description(record),
+                    description=_description(slug, record),
                 )
             )
         except ValueError as exc:  # pydantic's ValidationError: the name rule

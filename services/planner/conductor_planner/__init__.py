@@ -9,7 +9,7 @@ from conductor_planner.backends.transformers import TransformersPlannerBackend
 from conductor_planner.models import (
     ModelSource,
     load_pretrained,
-    prompt_examples_of,
+    prompt_form_of,
     resolve_model,
     write_prompt_form,
 )
@@ -21,7 +21,7 @@ __all__ = [
     "TransformersPlannerBackend",
     "load_pretrained",
     "load_router",
-    "prompt_examples_of",
+    "prompt_form_of",
     "resolve_model",
     "write_prompt_form",
 ]

@@ -23,6 +23,7 @@ from typing import Any
 
 from conductor.errors import ConfigurationError, ModelNotFoundError
 from conductor.pool import BUILTIN_SMOLLM2
+from conductor.ports import PromptForm
 from conductor_adapters.settings import default_cache_dir, file_cache_key
 
 log = logging.getLogger(__name__)
@@ -72,33 +73,41 @@ def resolve_model(model: str | None) -> ModelSource:
     return ModelSource(model)  # a hub id, e.g. "org/name"
 
 
-def prompt_examples_of(source: ModelSource, *, default: bool = True) -> bool:
-    """Whether ``source``'s prompts carry the few-shot examples: as its training wrote in
-    its checkpoint, else ``default`` (a model no Conductor training wrote)."""
+def prompt_form_of(source: ModelSource, *, default: PromptForm = PromptForm.FULL) -> PromptForm:
+    """The prompt form ``source`` was trained on, as its training wrote in its checkpoint, else
+    ``default`` (a model no Conductor training wrote). A checkpoint written before the compact
+    form records only ``few_shot_examples``: false there is the SHORT form."""
     path = Path(source.path) / PROMPT_FORM_FILE
     if source.gguf_file or not path.is_file():
         return default
+    forms = ", ".join(repr(f.value) for f in PromptForm)
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))["few_shot_examples"]
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+        if "form" in recorded:
+            return PromptForm(recorded["form"])
+        examples = recorded["few_shot_examples"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigurationError(
-            f'{path}: not a prompt form ({exc!r}); it should read {{"few_shot_examples": '
-            "true}} or false"
+            f'{path}: not a prompt form ({exc!r}); it should read {{"form": ...}} with one of '
+            f"{forms}"
         ) from exc
-    if not isinstance(value, bool):
-        raise ConfigurationError(f"{path}: few_shot_examples must be true or false, not {value!r}")
-    return value
+    if not isinstance(examples, bool):
+        raise ConfigurationError(
+            f"{path}: few_shot_examples must be true or false, not {examples!r}"
+        )
+    return PromptForm.FULL if examples else PromptForm.SHORT
 
 
 def write_prompt_form(
-    directory: Path, *, examples: bool, reward_cost_weight: float | None = None
+    directory: Path, *, form: PromptForm, reward_cost_weight: float | None = None
 ) -> None:
-    """Records in a checkpoint directory whether its model was trained with the examples, and
-    the cost weight of the reward it was trained with (GRPO's; None before GRPO)."""
-    form: dict[str, object] = {"few_shot_examples": examples}
+    """Records in a checkpoint directory the prompt form its model was trained on, and the
+    cost weight of the reward it was trained with (GRPO's; None before GRPO).
+    ``few_shot_examples`` is kept for readers older than ``form``."""
+    recorded: dict[str, object] = {"form": form.value, "few_shot_examples": form.examples}
     if reward_cost_weight is not None:
-        form["reward_cost_weight"] = reward_cost_weight
-    (directory / PROMPT_FORM_FILE).write_text(json.dumps(form) + "\n", encoding="utf-8")
+        recorded["reward_cost_weight"] = reward_cost_weight
+    (directory / PROMPT_FORM_FILE).write_text(json.dumps(recorded) + "\n", encoding="utf-8")
 
 
 def load_pretrained(source: ModelSource, *, dtype: Any) -> tuple[Any, Any]:

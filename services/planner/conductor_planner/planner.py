@@ -114,7 +114,7 @@ class ConductorPlanner:
             )
         started = time.perf_counter()
         completion = await self.backend.generate(
-            render_prompt(request, fmt, examples=self.backend.prompt_examples),
+            render_prompt(request, fmt, form=self.backend.prompt_form),
             json_schema=schema,
             max_tokens=request.max_tokens,
             temperature=request.temperature,
@@ -133,7 +133,7 @@ class ConductorPlanner:
                 max_steps=request.max_steps,
                 conductor_id=conductor_id,
                 allow_stop=allow_stop,
-                examples_shown=self.backend.prompt_examples,
+                examples_shown=self.backend.prompt_form.examples,
             )
             errors, plan, stop = validation.errors, validation.plan, validation.stop
         if errors:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from conductor.errors import ConductorError, ConfigurationError
 from conductor.executor import WorkflowExecutor
 from conductor.pool import Pool
-from conductor.ports import Planner, PlanRequest, StepRunner
+from conductor.ports import Planner, PlanRequest, PromptForm, StepRunner
 from conductor.protocol import ParseFailure, fallback_plan, parse_plan, validate_plan
 from conductor.variants import MAX_STEPS_LIMIT, Variant
 from conductor.workflow import Plan, PlanOutcome, StepKind, StepRecord, WorkflowStatus
@@ -93,10 +93,10 @@ class PolicyPlanner:
         tokenizer: Any,
         *,
         checkpointing_kwargs: dict[str, Any] | None = None,
-        prompt_examples: bool = True,
+        prompt_form: PromptForm = PromptForm.FULL,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
-        self.prompt_examples = prompt_examples
+        self.prompt_form = prompt_form
         self.checkpointing_kwargs = checkpointing_kwargs
         self._planner: ConductorPlanner | None = None
 
@@ -111,7 +111,7 @@ class PolicyPlanner:
                 self.model,
                 self.tokenizer,
                 model_name="the policy being trained",
-                prompt_examples=self.prompt_examples,
+                prompt_form=self.prompt_form,
             )
             self.model.generation_config = saved
             self._planner = ConductorPlanner(backend)
@@ -169,7 +169,7 @@ class PlanRewarder:
         seed: int = 0,
         recursion: RecursionStage | None = None,
         planner_max_tokens: int = 1024,
-        prompt_examples: bool = True,
+        prompt_form: PromptForm = PromptForm.FULL,
         cost_weight: float = 0.0,
     ) -> None:
         if recursion is not None and max_steps < 2:
@@ -185,9 +185,9 @@ class PlanRewarder:
         self.max_steps = max_steps
         self.seed = seed
         self.recursion = recursion
-        # The prompts carried the few-shot examples: a copied example subtask is invalid, as
-        # the planner judges it in serving.
-        self.prompt_examples = prompt_examples
+        # Where the prompts carried the few-shot examples, a copied example subtask is invalid,
+        # as the planner judges it in serving.
+        self.prompt_form = prompt_form
         self.variant = Variant(
             name="grpo-rollout",
             description="a sampled plan run for its reward",
@@ -211,7 +211,7 @@ class PlanRewarder:
             max_steps=self.max_steps,
             conductor_id=conductor_id,
             allow_stop=False,
-            examples_shown=self.prompt_examples,
+            examples_shown=self.prompt_form.examples,
         )
         if checked.errors or checked.plan is None:
             return Rollout(INVALID, False, False, 0, tuple(checked.errors))

@@ -19,7 +19,7 @@ from typing import Any
 
 from conductor.errors import ConfigurationError
 from conductor.pool import Pool
-from conductor.ports import StepRunner
+from conductor.ports import PromptForm, StepRunner
 from conductor.variants import MAX_STEPS_LIMIT
 from conductor_adapters.settings import Settings
 from conductor_evaluation import EvalItem, resolve_pool, split_items
@@ -31,11 +31,12 @@ WARMUP_CHECKPOINT_DIR = "warmup-checkpoint"  # the model after the format warm-u
 CURVE_FILE = "training_curve.png"
 WARMUP_LABELS_FILE = "warmup_labels.json"  # what a routing warm-up was taught
 # The prompt form for a base model that Conductor training never saw: with the few-shot
-# examples. Measured with benchmarks/prompt_examples.py (SmolLM2-135M, 40 warm-up steps, 24
-# held-out questions of GSM8K, MATH-500, ARC-Challenge and MBPP): valid plans 100% greedy and
-# 96% at temperature 1 with them, 67% and 62% without (976 prompt tokens against 407). They
-# cost little in sampling: every prompt shares them, and that prefix is computed once a batch.
-DEFAULT_PROMPT_EXAMPLES = True
+# examples (FULL). Measured with benchmarks/prompt_examples.py (SmolLM2-135M, 40 warm-up
+# steps, 24 held-out questions of GSM8K, MATH-500, ARC-Challenge and MBPP): valid plans 100%
+# greedy and 96% at temperature 1 with them, 67% and 62% without (976 prompt tokens against
+# 407). They cost little in sampling: every prompt shares them, and that prefix is computed
+# once a batch.
+DEFAULT_PROMPT_FORM = PromptForm.FULL
 TRAIN_INSTALL_HINT = "pip install 'conductor-orchestrator[transformers,eval,train]'"
 
 # What training is doing, and how far it is: (phase, steps done, steps in all). Phases: "format
@@ -85,10 +86,10 @@ class TrainOptions:
     lora_rank: int = 0
     # bf16 autocast or float32; "auto": bf16 on a GPU, and on a CPU where it measures faster.
     precision: PrecisionChoice = "auto"
-    # Whether the prompts carry the few-shot examples. None: as the base model was trained (the
-    # form its checkpoint records), and for a model no Conductor training wrote, the default
-    # below. The checkpoint records the form, and the planner serves it the same way.
-    prompt_examples: bool | None = None
+    # The prompt form trained on. None: as the base model was trained (the form its checkpoint
+    # records), and for a model no Conductor training wrote, the default above. The checkpoint
+    # records the form, and the planner serves it the same way.
+    prompt_form: PromptForm | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # more GRPOConfig fields, as given
 
 
@@ -263,7 +264,7 @@ def train(
 
     from conductor_planner import (
         load_pretrained,
-        prompt_examples_of,
+        prompt_form_of,
         resolve_model,
         write_prompt_form,
     )
@@ -279,10 +280,10 @@ def train(
     if not train_items:
         raise ConfigurationError("no training items: check --suite and --items")
     source = resolve_model(options.base_model)
-    examples = (
-        options.prompt_examples
-        if options.prompt_examples is not None
-        else prompt_examples_of(source, default=DEFAULT_PROMPT_EXAMPLES)
+    form = (
+        options.prompt_form
+        if options.prompt_form is not None
+        else prompt_form_of(source, default=DEFAULT_PROMPT_FORM)
     )
     tokenizer, model = load_pretrained(source, dtype=torch.float32)
     rows = prompt_rows(
@@ -293,7 +294,7 @@ def train(
         randomized_pools=options.randomized_pools,
         seed=options.seed,
         offer_conductor=options.recursion_stage,
-        examples=examples,
+        form=form,
     )
     gateway = gateway_for(pool)
     use_cpu = not torch.cuda.is_available()
@@ -303,7 +304,7 @@ def train(
             model,
             tokenizer,
             checkpointing_kwargs=args.gradient_checkpointing_kwargs,
-            prompt_examples=examples,
+            prompt_form=form,
         )
         if options.recursion_stage
         else None
@@ -321,7 +322,7 @@ def train(
             else None
         ),
         planner_max_tokens=options.max_completion_tokens,
-        prompt_examples=examples,
+        prompt_form=form,
         cost_weight=options.cost_weight,
     )
     options.out.mkdir(parents=True, exist_ok=True)
@@ -350,7 +351,7 @@ def train(
         # Kept so `conductor eval` can tell what GRPO added from what the warm-up taught.
         model.save_pretrained(str(options.out / WARMUP_CHECKPOINT_DIR))
         tokenizer.save_pretrained(str(options.out / WARMUP_CHECKPOINT_DIR))
-        write_prompt_form(options.out / WARMUP_CHECKPOINT_DIR, examples=examples)
+        write_prompt_form(options.out / WARMUP_CHECKPOINT_DIR, form=form)
     curve = options.out / CURVE_FILE
     metrics = MetricsFile(options.out / METRICS_FILE, append=options.resume, curve=curve)
     reward = rewarder.reward_function()
@@ -381,8 +382,8 @@ def train(
     else:
         trainer.save_model(str(checkpoint))
     tokenizer.save_pretrained(str(checkpoint))
-    write_prompt_form(checkpoint, examples=examples, reward_cost_weight=options.cost_weight)
-    recorded = vars(options) | {"prompt_examples": examples}
+    write_prompt_form(checkpoint, form=form, reward_cost_weight=options.cost_weight)
+    recorded = vars(options) | {"prompt_form": form.value}
     (options.out / "train_options.json").write_text(
         json.dumps(
             {k: (str(v) if isinstance(v, Path) else v) for k, v in recorded.items()},

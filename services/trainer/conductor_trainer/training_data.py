@@ -14,7 +14,7 @@ from typing import Any
 
 from conductor.machine import CONDUCTOR_ENTRY
 from conductor.pool import Pool
-from conductor.ports import PlanFormat, PlanRequest
+from conductor.ports import PlanFormat, PlanRequest, PromptForm
 from conductor.protocol import render_prompt
 from conductor.workflow import PoolEntry
 from conductor_evaluation import EvalItem
@@ -42,11 +42,11 @@ def prompt_rows(
     randomized_pools: bool,
     seed: int,
     offer_conductor: bool = False,
-    examples: bool = True,
+    form: PromptForm = PromptForm.FULL,
 ) -> list[dict[str, Any]]:
     """Dataset rows for GRPOTrainer: the prompt text and what the reward needs to score it.
     ``offer_conductor`` lists the Conductor after the workers, as a variant with recursion
-    rounds does (the recursion stage); ``examples``: the prompt carries the few-shot examples."""
+    rounds does (the recursion stage); ``form``: the prompt form trained on."""
     described = {w.name: w.description for w in pool.workers}
     rows = []
     for item in items:
@@ -57,9 +57,7 @@ def prompt_rows(
             pool=[*entries, CONDUCTOR_ENTRY] if offer_conductor else entries,
             max_steps=max_steps,
         )
-        messages = [
-            m.as_text_turn() for m in render_prompt(request, PlanFormat.LISTS, examples=examples)
-        ]
+        messages = [m.as_text_turn() for m in render_prompt(request, PlanFormat.LISTS, form=form)]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         rows.append({"prompt": text, "item_key": item.key, "pool_names": names})
     return rows

@@ -10,12 +10,17 @@ from __future__ import annotations
 import json
 
 from conductor.chat import ChatMessage
-from conductor.ports import PlanFormat, PlanRequest, PriorRound
+from conductor.ports import PlanFormat, PlanRequest, PriorRound, PromptForm
 from conductor.protocol.examples import EXAMPLE_TEAM, EXAMPLES
 from conductor.workflow import Plan, PoolEntry
 
 # Answers shown to a re-planning Conductor are cut to keep the prompt inside small contexts.
 MAX_ANSWER_CHARS_IN_PROMPT = 1500
+# The compact form shows a long question's head and tail only: the request itself is usually at
+# the end (after a document, or a benchmark's few-shot examples), what kind of text it is shows
+# at the start, and every worker still receives the question whole. About 250 tokens.
+COMPACT_QUESTION_HEAD_CHARS = 150
+COMPACT_QUESTION_TAIL_CHARS = 800
 
 _TASK = """You are the Conductor. You answer questions by querying a team of language models \
 with different skills; you never answer yourself. Write a workflow of 1 to {max_steps} steps. \
@@ -29,6 +34,22 @@ user's question; other models see only their subtask and their access list.
 or the numbers of earlier steps, for example [0, 2].
 - The answer of the last step is the final answer, so the last step must give the full answer.
 - Steps that do not need each other run at the same time."""
+
+# The compact form says the same in about a third of the tokens, for checkpoints trained on it:
+# a model that has learnt the format needs only the reminders (a prompt's tokens are most of a
+# GRPO step's and of a plan's cost).
+_COMPACT_TASK = """You are the Conductor: plan 1 to {max_steps} steps for a team of models; \
+never answer yourself. Each step: model_id (a model's number); a subtask (only the first \
+step's model also sees the question); an access_list of earlier steps it sees ([], ["all"] or \
+numbers). The last step gives the final answer."""
+
+_COMPACT_LISTS_OUTPUT = """Output: brief reasoning, then:
+model_id = [...]
+subtasks = [...]
+access_list = [...]"""
+
+_COMPACT_JSON_OUTPUT = """Output JSON: {"reasoning": str, "steps": [{"model_id": int, \
+"subtask": str, "access_list": list}]}"""
 
 _LISTS_OUTPUT = """Output: first think briefly about the question and which models fit it, \
 then write exactly three Python lists of equal length:
@@ -46,10 +67,15 @@ _REPLAN_JSON = """Write new steps that improve the last answer, or, if it is alr
 complete, stop with an empty list of steps."""
 
 
-def render_pool(pool: list[PoolEntry]) -> str:
+def render_pool(pool: list[PoolEntry], *, compact: bool = False) -> str:
     lines = []
     for model_id, entry in enumerate(pool):
-        if entry.is_conductor:
+        if entry.is_conductor and compact:
+            lines.append(
+                f"Model {model_id}: you; only as the last step, after another, to see the answers "
+                "and plan more."
+            )
+        elif entry.is_conductor:
             lines.append(
                 f"Model {model_id}: the Conductor (you). Name it only as the last step, after at "
                 "least one other step, to see the answers so far and write more steps."
@@ -106,6 +132,14 @@ def _render_last_answer(prior: PriorRound) -> str:
     return f"Last answer: {_clip(prior.last_answer)}"
 
 
+def _clip_long_question(question: str) -> str:
+    if len(question) <= COMPACT_QUESTION_HEAD_CHARS + COMPACT_QUESTION_TAIL_CHARS + 50:
+        return question
+    head = question[:COMPACT_QUESTION_HEAD_CHARS].rstrip()
+    tail = question[-COMPACT_QUESTION_TAIL_CHARS:].lstrip()
+    return f"{head} [... {len(question) - len(head) - len(tail):,} characters ...] {tail}"
+
+
 def _clip(text: str) -> str:
     text = text.strip()
     if len(text) <= MAX_ANSWER_CHARS_IN_PROMPT:
@@ -114,20 +148,29 @@ def _clip(text: str) -> str:
 
 
 def render_prompt(
-    request: PlanRequest, fmt: PlanFormat, *, examples: bool = True
+    request: PlanRequest, fmt: PlanFormat, *, form: PromptForm = PromptForm.FULL
 ) -> list[ChatMessage]:
-    """The system message depends only on the workflow's step limit and the output format, so
-    it is the same for every round of a workflow and for every workflow of a variant: a model
-    server caches its computation once (the user message comes last, and varies).
-    ``examples``: include the few-shot examples (about two thirds of the prompt's tokens). A
-    model trained on prompts without them is served without them."""
-    output = _JSON_OUTPUT if fmt is PlanFormat.JSON else _LISTS_OUTPUT
+    """The system message depends only on the workflow's step limit, the output format and the
+    form, so it is the same for every round of a workflow and for every workflow of a variant: a
+    model server caches its computation once (the user message comes last, and varies).
+    ``form``: FULL carries the few-shot examples (about two thirds of the prompt's tokens on a
+    small pool), SHORT the rules alone, COMPACT the rules in brief; a model is served the form
+    it was trained on."""
+    compact = form is PromptForm.COMPACT
+    if compact:
+        output = _COMPACT_JSON_OUTPUT if fmt is PlanFormat.JSON else _COMPACT_LISTS_OUTPUT
+    else:
+        output = _JSON_OUTPUT if fmt is PlanFormat.JSON else _LISTS_OUTPUT
     workflow_max_steps = request.workflow_max_steps or request.max_steps
-    parts = [_TASK.format(max_steps=workflow_max_steps), output]
-    if examples:
+    task = _COMPACT_TASK if compact else _TASK
+    parts = [task.format(max_steps=workflow_max_steps), output]
+    if form.examples:
         parts.append(_render_examples(workflow_max_steps, fmt))
     system = "\n\n".join(parts)
-    user = [f"Available models:\n{render_pool(request.pool)}", f"Question: {request.question}"]
+    pool = render_pool(request.pool, compact=compact)
+    user = [f"Models:\n{pool}" if compact else f"Available models:\n{pool}"]
+    question = _clip_long_question(request.question) if compact else request.question
+    user.append(f"Question: {question}")
     if request.prior is not None:
         user.append(_render_prior(request.prior, fmt))
     if request.max_steps < workflow_max_steps:

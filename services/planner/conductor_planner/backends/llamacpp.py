@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from conductor.chat import ChatMessage, Completion
-from conductor.ports import PlanFormat
+from conductor.ports import PlanFormat, PromptForm
 from conductor_adapters.llamacpp import LlamaCppEngine
 
 
@@ -14,7 +14,7 @@ class LlamaCppPlannerBackend:
     name = "llamacpp"
     # Constrained decoding makes every plan well-formed, whatever the model size.
     plan_format = PlanFormat.JSON
-    prompt_examples = True  # the GGUF models it runs were not trained on our prompt
+    prompt_form = PromptForm.FULL  # the GGUF models it runs were not trained on our prompt
 
     def __init__(self, engine: LlamaCppEngine) -> None:
         self.engine = engine

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from conductor.chat import ChatMessage, Completion
-from conductor.ports import PlanFormat
+from conductor.ports import PlanFormat, PromptForm
 from conductor_adapters.openai_wire import OpenAIChatClient
 
 SCHEMA_NAME = "conductor_plan"
@@ -38,7 +38,7 @@ class OpenAIPlannerBackend:
         self.model = model
         self.structured = structured
         self.plan_format = PlanFormat.JSON if structured else PlanFormat.LISTS
-        self.prompt_examples = True  # a hosted model was not trained on our prompt
+        self.prompt_form = PromptForm.FULL  # a hosted model was not trained on our prompt
         self._chat = OpenAIChatClient(
             base_url=base_url,
             model=model,

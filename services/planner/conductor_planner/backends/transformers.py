@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from conductor.chat import ChatMessage, Completion, Usage
 from conductor.errors import ConductorError, ConfigurationError, ModelNotFoundError
-from conductor.ports import PlanFormat
-from conductor_planner.models import load_pretrained, prompt_examples_of, resolve_model
+from conductor.ports import PlanFormat, PromptForm
+from conductor_planner.models import load_pretrained, prompt_form_of, resolve_model
 
 if TYPE_CHECKING:
     import torch
@@ -102,7 +102,7 @@ def load_transformers_backend(
         tokenizer,
         model_name=source.name,
         max_batch_size=max_batch_size,
-        prompt_examples=prompt_examples_of(source),
+        prompt_form=prompt_form_of(source),
     )
 
 
@@ -182,7 +182,7 @@ class TransformersPlannerBackend:
         *,
         model_name: str,
         max_batch_size: int = 8,
-        prompt_examples: bool = True,
+        prompt_form: PromptForm = PromptForm.FULL,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
@@ -191,7 +191,7 @@ class TransformersPlannerBackend:
                 f"planner model {model_name} has no chat template; the Conductor prompt is a chat"
             )
         self.model_name = model_name
-        self.prompt_examples = prompt_examples
+        self.prompt_form = prompt_form
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         # Told the size of every batch it generates (the planner service's metrics).

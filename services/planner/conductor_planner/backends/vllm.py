@@ -35,9 +35,9 @@ from typing import Any
 from conductor.chat import ChatMessage, Completion, Usage
 from conductor.errors import ConfigurationError
 from conductor.pool import BUILTIN_SMOLLM2
-from conductor.ports import PlanFormat
+from conductor.ports import PlanFormat, PromptForm
 from conductor_planner.backends.transformers import prompt_token_ids
-from conductor_planner.models import ModelSource, prompt_examples_of
+from conductor_planner.models import ModelSource, prompt_form_of
 
 INSTALL_HINT = "pip install 'conductor-orchestrator[vllm]'"
 # SamplingParams keyword and parameter class for JSON-schema-constrained output, newest first.
@@ -122,7 +122,7 @@ def load_vllm_backend(
         importlib.import_module("vllm.sampling_params"),
         model_name=path.name if path.exists() else model,
         plan_format=plan_format,
-        prompt_examples=prompt_examples_of(ModelSource(str(path))),  # True for a hub id
+        prompt_form=prompt_form_of(ModelSource(str(path))),  # FULL for a hub id
     )
 
 
@@ -138,12 +138,12 @@ class VLLMPlannerBackend:
         *,
         model_name: str,
         plan_format: PlanFormat = PlanFormat.JSON,
-        prompt_examples: bool = True,
+        prompt_form: PromptForm = PromptForm.FULL,
     ) -> None:
         self.engine = engine
         self.model_name = model_name
         self.plan_format = plan_format
-        self.prompt_examples = prompt_examples
+        self.prompt_form = prompt_form
         self._sampling = sampling_params  # the vllm.sampling_params module
         self._tokenizer: Any = None
 
