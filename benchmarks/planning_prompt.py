@@ -12,11 +12,12 @@ on that form: the untrained model writes few valid plans without its examples.
 
     python benchmarks/planning_prompt.py [--checkpoint DIR] [--pool sim|replay:TABLE]
         [--suite gsm8k,arc-challenge,mbpp] [--questions 12] [--max-tokens 160]
-        [--backends llamacpp,transformers] [--out FILE]
+        [--backends llamacpp,transformers] [--out FILE] [--tokens-only]
 
 Prints a row per backend and form: median prompt tokens, median and 90th-percentile planning
 latency, the share of valid plans, and the share refused for copying an example's subtask;
-with ``--out``, the rows as JSON.
+with ``--out``, the rows as JSON. ``--tokens-only`` plans nothing: it prints each form's median
+prompt tokens (SmolLM2's tokenizer and chat template, or the checkpoint's) in a few seconds.
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conductor.ports import PlannerBackend, PlanRequest, PromptForm
+from conductor.ports import PlanFormat, PlannerBackend, PlanRequest, PromptForm
+from conductor.protocol import render_prompt
 from conductor.workflow import PoolEntry
 from conductor_adapters.settings import Settings
 from conductor_cli.wiring import planner_backend
 from conductor_evaluation import resolve_pool, split_items
-from conductor_planner import ConductorPlanner
+from conductor_planner import ConductorPlanner, resolve_model
 
 
 async def plan_all(
@@ -64,6 +66,29 @@ async def plan_all(
     }
 
 
+def count_tokens(checkpoint: str | None, questions: list[str], pool: list[PoolEntry]) -> None:
+    from transformers import AutoTokenizer
+
+    source = resolve_model(checkpoint)
+    tokenizer = AutoTokenizer.from_pretrained(source.path, **source.load_kwargs())
+    medians = {}
+    for form in PromptForm:
+        counts = []
+        for question in questions:
+            request = PlanRequest(question=question, pool=pool, max_steps=5)
+            messages = render_prompt(request, PlanFormat.LISTS, form=form)
+            text = tokenizer.apply_chat_template(
+                [{"role": m.role, "content": m.content} for m in messages],
+                tokenize=False,
+                add_generation_prompt=True,
+            )
+            counts.append(len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+        medians[form] = statistics.median(counts)
+    for form, median in medians.items():
+        share = median / medians[PromptForm.FULL]
+        print(f"{form.value:8}: median prompt {median:6.0f} tokens ({share:.0%} of full)")
+
+
 async def main(options: argparse.Namespace) -> None:
     pool_spec, _ = resolve_pool(options.pool, Settings())
     pool = [PoolEntry(name=w.name, description=w.description) for w in pool_spec.workers]
@@ -74,6 +99,10 @@ async def main(options: argparse.Namespace) -> None:
         if len(by_suite.setdefault(item.suite, [])) < per_suite:
             by_suite[item.suite].append(item.question)
     questions = [q for suite in by_suite.values() for q in suite][: options.questions]
+    print(f"{len(questions)} held-out questions, {len(pool)} workers")
+    if options.tokens_only:
+        count_tokens(options.checkpoint, questions, pool)
+        return
     rows = []
     for backend_name in options.backends.split(","):
         model = options.checkpoint if backend_name == "transformers" else None
@@ -128,4 +157,5 @@ if __name__ == "__main__":
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--backends", default="llamacpp,transformers")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--tokens-only", action="store_true", help="count prompt tokens only")
     asyncio.run(main(parser.parse_args()))
