@@ -61,7 +61,8 @@ def train(
         "--head",
         help="The router's head: `logistic` (one logistic regression per worker), `mlp` (small "
         "networks with one output per worker, trained with torch, served with numpy) or "
-        "`auto`: the one with the larger area under the accuracy/cost curve in 5-fold "
+        "`auto`: the one with the larger area under the accuracy/cost curve (where every "
+        "worker costs the same on each question, the more accurate) in 5-fold "
         "cross-validation on the training items (logistic below 500 of them).",
     ),
 ) -> None:
@@ -147,15 +148,18 @@ def train(
 
 
 def _describe_head(choice: dict[str, Any]) -> str:
-    """Which head the router got, and the cross-validated areas that chose it."""
-    areas = ", ".join(f"{name} {area:.4f}" for name, area in choice["cv_area"].items())
+    """Which head the router got, and the cross-validated scores that chose it."""
+    scores = ", ".join(f"{name} {score:.4f}" for name, score in choice["cv"].items())
     if choice["asked"] != "auto":
         how = f"as asked (--head {choice['asked']})"
-    elif len(choice["cv_area"]) < 2:
+    elif len(choice["cv"]) < 2:
         how = "too few training items every worker ran to cross-validate: kept by default"
+    elif choice["cv_measure"] == "accuracy":
+        how = "the more accurate (every worker costs the same on each question)"
     else:
         how = "the larger area under the accuracy/cost curve"
-    folds = f"; {choice['cv_folds']}-fold cross-validation areas: {areas}" if areas else ""
+    measure = {"area": "areas", "accuracy": "accuracies"}.get(choice["cv_measure"], "")
+    folds = f"; {choice['cv_folds']}-fold cross-validation {measure}: {scores}" if scores else ""
     return f"router head: {choice['chosen']}, {how}{folds}"
 
 

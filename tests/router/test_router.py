@@ -441,7 +441,13 @@ def test_the_report_judges_each_baseline_through_the_router_file_that_serves_it(
     models, report = train_router(data, HashEmbedder(), head=head)  # type: ignore[arg-type]
 
     assert [c["name"] for c in report["curves"]] == ["router", "knn", "cluster"]
-    assert report["head"] == {"chosen": router_head, "asked": head, "cv_folds": 0, "cv_area": {}}
+    assert report["head"] == {
+        "chosen": router_head,
+        "asked": head,
+        "cv_folds": 0,
+        "cv_measure": None,
+        "cv": {},
+    }
     held = _judged_items(data)
     assert len(held) == report["held_out_items"] > 10
     for curve in report["curves"]:

@@ -330,11 +330,36 @@ def test_auto_keeps_the_logistic_head_where_its_cross_validated_area_is_larger()
     trained = router.trained
     assert fitter.calls == [480] * 5
     assert (trained["head_choice"], trained["head_cv_folds"]) == ("auto", 5)
-    areas = trained["head_cv_area"]
+    assert trained["head_cv_measure"] == "area"
+    areas = trained["head_cv"]
     assert areas["logistic"] > areas["mlp"] + 0.05, areas
     assert (trained["head"], router.head) == ("logistic", "logistic")
     assert "mlp" not in trained
     assert {"choosing the regularisation", "cross-validating the mlp head"} <= stages
+
+
+def test_where_every_worker_costs_the_same_the_heads_are_compared_on_accuracy() -> None:
+    # Given one price for both workers on every question (a table that records no cost): the
+    # accuracy/cost curve is a single point, whose area is 0 for any head
+    questions, embeddings, arrays = routing_arrays(700, "linear")
+    arrays["cost"] = np.full_like(arrays["cost"], 0.001)
+    # When the head is chosen
+    models = fit_routers(
+        questions,
+        embeddings,
+        embedder=HashEmbedder(),  # type: ignore[arg-type]
+        head="auto",
+        mlp=ConstantFitter(),
+        **arrays,
+    )
+    # Then the heads are scored on their accuracy in the folds: the logistic head reads who is
+    # right, the constant network is right half the time
+    trained = models["router"].trained
+    assert trained["head_cv_measure"] == "accuracy"
+    scores = trained["head_cv"]
+    assert scores["logistic"] > 0.9, scores
+    assert scores["mlp"] == pytest.approx(0.5, abs=0.06)
+    assert trained["head"] == "logistic"
 
 
 def test_auto_with_too_few_training_items_to_fold_keeps_the_logistic_head() -> None:
@@ -349,7 +374,7 @@ def test_auto_with_too_few_training_items_to_fold_keeps_the_logistic_head() -> N
         **arrays,
     )
     trained = models["router"].trained
-    assert (models["router"].head, trained["head_cv_folds"], trained["head_cv_area"]) == (
+    assert (models["router"].head, trained["head_cv_folds"], trained["head_cv"]) == (
         "logistic",
         0,
         {},
@@ -375,7 +400,7 @@ def test_asked_for_the_mlp_head_the_router_is_mlp_with_the_fitters_networks() ->
     assert router.networks is not None
     assert len(router.networks) == 1
     assert router.trained["mlp"] == {"kind": "constant"}
-    assert set(router.trained["head_cv_area"]) == {"mlp"}
+    assert set(router.trained["head_cv"]) == {"mlp"}
     assert "head_c" not in router.trained  # no logistic head was fitted
     assert all(w.coef is None for w in router.workers)
     served = Router(router, HashEmbedder())  # type: ignore[arg-type]
@@ -425,7 +450,7 @@ def test_auto_keeps_the_mlp_head_where_only_a_network_can_read_who_is_right() ->
     # networks of 64 hidden units, right on more than 80% of the 100 held-out questions (one
     # worker alone: about 50%)
     router = models["router"]
-    areas = router.trained["head_cv_area"]
+    areas = router.trained["head_cv"]
     assert areas["mlp"] > areas["logistic"] + 0.1, areas
     assert router.head == router.trained["head"] == "mlp"
     assert router.networks is not None

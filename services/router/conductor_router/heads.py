@@ -2,8 +2,9 @@
 the standardised text features): per worker a logistic regression (scikit-learn), or an mlp
 whose networks an ``MlpFitter`` trains (the trainer's, in torch: this package reads numpy
 only), or, with ``auto``, the one of the two whose area under the accuracy/cost curve is larger
-in cross-validation on the training items. Both are scored on the same folds, each fold's
-items routed as serving routes them at each swept cost weight.
+in cross-validation on the training items (its accuracy, where cost separates no worker). Both
+are scored on the same folds, each fold's items routed as serving routes them at each swept
+cost weight.
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ HEAD_C_GRID = (0.03, 0.1, 0.3, 1.0)
 CV_FOLDS = 5
 CV_MIN_ITEMS = 500
 # Which head the router gets: ``auto`` fits both on the cross-validation folds and keeps the
-# one whose mean area under the accuracy/cost curve over the held-out folds is larger (a tie,
-# or too few training items to cross-validate: ``logistic``).
+# one whose mean area under the accuracy/cost curve over the held-out folds is larger (where
+# every worker costs the same on each question, its mean accuracy; a tie, or too few training
+# items to cross-validate: ``logistic``).
 HeadChoice = Literal["logistic", "mlp", "auto"]
 HEAD_CHOICES: tuple[HeadChoice, ...] = ("logistic", "mlp", "auto")
+CvMeasure = Literal["area", "accuracy"]
 
 
 class MlpFitter(Protocol):
@@ -84,19 +87,20 @@ def fit_head(
     head: HeadChoice,
     mlp: MlpFitter | None,
 ) -> RouterModel:
-    """The router's head as ``head`` says: with ``auto``, each candidate's mean area under the
-    accuracy/cost curve on the cross-validation folds decides (recorded in the file's
-    ``trained``: ``head``, ``head_choice``, ``head_cv_area``)."""
+    """The router's head as ``head`` says: with ``auto``, each candidate's mean score on the
+    cross-validation folds decides (recorded in the file's ``trained``: ``head``,
+    ``head_choice``, ``head_cv_measure``, ``head_cv``)."""
     folds = _cv_folds(train, right, cost)
+    measure = _cv_measure(folds, cost)
     candidates = ["logistic", "mlp"] if head == "auto" else [head]
-    areas: dict[str, float] = {}
+    scores: dict[str, float] = {}
     trained: dict[str, Any] = {"head_choice": head, "head_cv_folds": len(folds)}
     head_c = HEAD_C  # chosen below whenever the logistic head is a candidate
     if "logistic" in candidates:
-        head_c, scores, held_chances = _choose_head_c(inputs, right, cost, train, folds, notify)
-        trained |= {"head_c": head_c, "head_c_cv": scores}
+        head_c, c_scores, held_chances = _choose_head_c(inputs, right, cost, train, folds, notify)
+        trained |= {"head_c": head_c, "head_c_cv": c_scores}
         if folds:
-            areas["logistic"] = _cv_area(held_chances, folds, right, cost, inputs.expected_cost)
+            scores["logistic"] = _cv_score(measure, held_chances, folds, right, cost, inputs)
     if "mlp" in candidates and folds:
         assert mlp is not None  # checked by fit_routers
         held_chances = []
@@ -107,11 +111,13 @@ def fit_head(
             networks = mlp(inputs.values[fit_on], right[fit_on])
             held_chances.append(mlp_chances(networks, inputs.values[fold]))
         notify("cross-validating the mlp head", len(folds), len(folds))
-        areas["mlp"] = _cv_area(held_chances, folds, right, cost, inputs.expected_cost)
-    # Chosen on the areas as recorded; ties, and ``auto`` without folds, keep the logistic head.
-    areas = {c: round(a, 6) for c, a in areas.items()}
-    chosen = max(candidates, key=lambda c: (areas.get(c, -math.inf), c == "logistic"))
-    trained |= {"head": chosen, "head_cv_area": areas}
+        scores["mlp"] = _cv_score(measure, held_chances, folds, right, cost, inputs)
+    # Chosen on the scores as recorded; ties, and ``auto`` without folds, keep the logistic head.
+    scores = {c: round(a, 6) for c, a in scores.items()}
+    chosen = max(candidates, key=lambda c: (scores.get(c, -math.inf), c == "logistic"))
+    trained |= {"head": chosen, "head_cv": scores}
+    if folds:
+        trained["head_cv_measure"] = measure
     common = {**common, "trained": {**common["trained"], **trained}}
     if chosen == "mlp":
         assert mlp is not None
@@ -244,22 +250,39 @@ def _choose_head_c(
     return best, scores, chances[best]
 
 
-def _cv_area(
+def _cv_measure(folds: list[npt.NDArray[np.intp]], cost: npt.NDArray[np.float64]) -> CvMeasure:
+    """``area`` (under the accuracy/cost curve), unless every worker costs the same on each
+    folded question (RouterDC's table: no cost recorded, one price for all): then the curve is
+    a single point, whose area is 0 for every head, and the heads are compared on ``accuracy``
+    (routed at cost weight 0)."""
+    if not folds:
+        return "area"
+    folded = cost[np.concatenate(folds)]
+    return "accuracy" if bool((folded == folded[:, :1]).all()) else "area"
+
+
+def _cv_score(
+    measure: CvMeasure,
     chances: list[npt.NDArray[np.float64]],
     folds: list[npt.NDArray[np.intp]],
     right: npt.NDArray[np.float64],
     cost: npt.NDArray[np.float64],
-    expected_cost: npt.NDArray[np.float64],
+    inputs: HeadInputs,
 ) -> float:
-    """The mean over the folds of the area under the accuracy/cost curve that a head's
-    ``chances`` on each fold trace, picking as serving picks at each swept cost weight, up to
-    the cost of the fold's dearest worker (as the held-out report reckons it)."""
-    areas = []
+    """The mean over the folds of a head's ``measure`` on each: the area under the
+    accuracy/cost curve that its ``chances`` trace, picking as serving picks at each swept cost
+    weight, up to the cost of the fold's dearest worker (as the held-out report reckons it); or
+    its accuracy at cost weight 0."""
+    scores = []
     for p, fold in zip(chances, folds, strict=True):
         rows = np.arange(len(fold))
+        expected_cost = inputs.expected_cost[fold]
+        if measure == "accuracy":
+            scores.append(right[fold][rows, best_workers(p, expected_cost, 0.0)].mean())
+            continue
         points = []
         for weight in COST_WEIGHTS:
-            pick = best_workers(p, expected_cost[fold], weight)
+            pick = best_workers(p, expected_cost, weight)
             points.append((cost[fold][rows, pick].mean(), right[fold][rows, pick].mean()))
-        areas.append(curve_area(points, float(cost[fold].mean(axis=0).max())))
-    return float(np.mean(areas))
+        scores.append(curve_area(points, float(cost[fold].mean(axis=0).max())))
+    return float(np.mean(scores))

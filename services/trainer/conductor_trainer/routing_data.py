@@ -216,12 +216,15 @@ def train_router(
 
 
 def head_choice(model: RouterModel) -> dict[str, Any]:
-    """Which head the router got, how it was chosen, and each candidate's mean area under the
-    accuracy/cost curve in cross-validation on the training items (none: too few to fold)."""
+    """Which head the router got, how it was chosen, and each candidate's mean score in
+    cross-validation on the training items (none: too few to fold): its area under the
+    accuracy/cost curve, or where every worker costs the same on each question its accuracy
+    (``cv_measure``)."""
     trained = model.trained
     return {
         "chosen": model.head,
         "asked": trained.get("head_choice"),
         "cv_folds": trained.get("head_cv_folds", 0),
-        "cv_area": trained.get("head_cv_area", {}),
+        "cv_measure": trained.get("head_cv_measure"),
+        "cv": trained.get("head_cv", {}),
     }
