@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ def train(
     did: when no held-out item was run by every worker, the router is fitted and the report says
     it could not be judged."""
     from conductor_router import HEAD_CHOICES, QuestionEmbedder, save_router_model
+    from conductor_trainer.router_mlp import TORCH_INSTALL
     from conductor_trainer.routing_data import (
         combine_routing_data,
         routing_data,
@@ -84,6 +86,12 @@ def train(
     console = stderr_console()
     if head not in HEAD_CHOICES:
         raise ConfigurationError(f"--head {head!r}: expected one of {', '.join(HEAD_CHOICES)}")
+    torchless_auto = head == "auto" and importlib.util.find_spec("torch") is None
+    if torchless_auto:
+        console.print(
+            f"router: the mlp head is not tried: torch is not installed (`{TORCH_INSTALL}`); "
+            "fitting the logistic heads"
+        )
     if not results and not traces and not tables:
         raise ConfigurationError(
             "nothing to learn from: give `conductor eval` output directories, --traces "
@@ -116,7 +124,7 @@ def train(
             QuestionEmbedder(),
             cost_weight=cost_weight,
             progress=advance,
-            head=head,  # checked against HEAD_CHOICES above
+            head="logistic" if torchless_auto else head,  # checked against HEAD_CHOICES above
         )
     router_path = Path(out)
     written = []

@@ -88,7 +88,8 @@ def mlp_model(seed: int = 0, networks: int = 3) -> RouterModel:
 
 
 def test_the_numpy_forward_pass_is_torchs_in_eval_mode() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     # Given three networks as the trainer builds them, from seeded random weights
     rng = np.random.default_rng(0)
     inputs = rng.normal(size=(50, INPUTS))
@@ -466,7 +467,8 @@ def test_auto_keeps_the_mlp_head_where_only_a_network_can_read_who_is_right() ->
 
 @pytest.mark.training
 def test_the_networks_train_the_same_twice_and_leave_torchs_random_state_alone() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     rng = np.random.default_rng(4)
     inputs = rng.normal(size=(300, 12))
     right = (rng.random((300, 3)) < 0.6).astype(np.float64)

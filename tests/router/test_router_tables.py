@@ -906,3 +906,31 @@ def test_the_heads_regularisation_is_cross_validated_from_500_training_items(
         assert scores[f"{trained['head_c']:g}"] == max(scores.values())
     else:
         assert (trained["head_c"], trained["head_c_cv"]) == (HEAD_C, {})
+
+
+@pytest.mark.training
+def test_without_torch_auto_fits_the_logistic_heads_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The router extra leaves torch out (serving needs numpy only): where it is missing,
+    ``--head auto`` keeps the logistic heads and the output says why."""
+    import importlib.util
+
+    from conductor_cli import app
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "torch" else find_spec(name, *a),
+    )
+    table = write_table(tmp_path / "table.jsonl", specialist_rows(seed=11))
+    out = tmp_path / "router.json"
+
+    done = CliRunner().invoke(app, ["router", "train", "--table", str(table), "--out", str(out)])
+
+    assert done.exit_code == 0, done.output
+    said = " ".join(done.output.split())
+    assert "the mlp head is not tried: torch is not installed (`pip install torch`)" in said
+    saved = json.loads(out.read_text())
+    assert (saved["head"], saved["trained"]["head_choice"]) == ("logistic", "logistic")

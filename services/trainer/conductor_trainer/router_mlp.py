@@ -26,11 +26,14 @@ import numpy as np
 import numpy.typing as npt
 
 from conductor.errors import ConfigurationError
-from conductor_router import ROUTER_INSTALL, MlpWeights
+from conductor_router import MlpWeights
 
 if TYPE_CHECKING:
     import torch
 
+# Only training the mlp head needs torch (serving runs its networks in numpy): the router
+# extra leaves it out, the CPU build is enough.
+TORCH_INSTALL = "pip install torch"
 MLP_HIDDEN = 64
 MLP_INPUT_DROPOUT = 0.1
 MLP_DROPOUT = 0.3
@@ -141,7 +144,7 @@ def _torch() -> Any:
         import torch
     except ImportError as exc:
         raise ConfigurationError(
-            f"the router's mlp head is trained with torch: `{ROUTER_INSTALL}` (or train "
-            "with --head logistic)"
+            f"the router's mlp head is trained with torch: `{TORCH_INSTALL}` (or train with "
+            "--head logistic)"
         ) from exc
     return torch
