@@ -658,3 +658,18 @@ async def test_a_plan_copying_an_example_subtask_is_invalid_where_the_prompt_sho
     assert (await rewarder.score(text, KEY, ["never", "always"])).reward == INVALID
     rewarder.prompt_form = PromptForm.COMPACT
     assert (await rewarder.score(text, KEY, ["never", "always"])).reward == RIGHT
+
+
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
+@pytest.mark.parametrize(("cost_weight", "scaling"), [(0.0, "group"), (0.1, "batch")])
+def test_with_a_cost_weight_rewards_are_scaled_by_the_batch_s_spread(
+    tmp_path: Path, cost_weight: float, scaling: str
+) -> None:
+    # A group whose plans are all right differs by cost alone; scaled by its own spread, that
+    # would weigh as much as right against wrong.
+    import trl
+
+    from conductor_trainer.train import TrainOptions, grpo_config
+
+    options = TrainOptions(suites=["gsm8k"], out=tmp_path, cost_weight=cost_weight)
+    assert grpo_config(options, trl, use_cpu=True).scale_rewards == scaling

@@ -150,6 +150,12 @@ def grpo_config(
         warmup_steps=round(0.03 * options.steps),
         beta=0.0,  # no KL term
         loss_type="grpo",
+        # With a cost term, a group whose plans are all right differs by cost alone (a few
+        # hundredths): scaled by the group's own spread, those differences became advantages as
+        # large as right against wrong, and 12 steps from a routing warm-up on RouterBench's
+        # replay pool sent every question to the cheapest good worker (70.0% against the
+        # warm-up's 83.8%). Scaled by the batch's spread, cost weighs what the weight says.
+        scale_rewards="batch" if options.cost_weight > 0 else "group",
         # Off: the loss runs a question's samples at a time (micro-batches) over their plans'
         # tokens only, the prompt computed once without gradient (grpo_trainer.py), so the
         # activations held are small: benchmarks/grpo_step.py (2 cores, 4 questions x 8
