@@ -30,12 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conductor.ports import PlanFormat, PlannerBackend, PlanRequest, PromptForm
-from conductor.protocol import render_prompt
+from conductor.pool import Pool
+from conductor.ports import PlannerBackend, PlanRequest, PromptForm
 from conductor.workflow import PoolEntry
 from conductor_adapters.settings import Settings
 from conductor_cli.wiring import planner_backend
-from conductor_evaluation import resolve_pool, split_items
+from conductor_evaluation import EvalItem, resolve_pool, split_items
 from conductor_planner import ConductorPlanner, resolve_model
 
 
@@ -66,23 +66,21 @@ async def plan_all(
     }
 
 
-def count_tokens(checkpoint: str | None, questions: list[str], pool: list[PoolEntry]) -> None:
+def count_tokens(checkpoint: str | None, items: list[EvalItem], pool: Pool) -> None:
+    """Each form's median prompt tokens: the prompts training renders (the transformers
+    backend's, to the token), counted with the checkpoint's tokenizer."""
     from transformers import AutoTokenizer
+
+    from conductor_trainer.training_data import prompt_rows
 
     source = resolve_model(checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(source.path, **source.load_kwargs())
     medians = {}
     for form in PromptForm:
-        counts = []
-        for question in questions:
-            request = PlanRequest(question=question, pool=pool, max_steps=5)
-            messages = render_prompt(request, PlanFormat.LISTS, form=form)
-            text = tokenizer.apply_chat_template(
-                [{"role": m.role, "content": m.content} for m in messages],
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-            counts.append(len(tokenizer(text, add_special_tokens=False)["input_ids"]))
+        rows = prompt_rows(
+            items, pool, tokenizer, max_steps=5, randomized_pools=False, seed=0, form=form
+        )
+        counts = [len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in rows]
         medians[form] = statistics.median(counts)
     for form, median in medians.items():
         share = median / medians[PromptForm.FULL]
@@ -94,14 +92,15 @@ async def main(options: argparse.Namespace) -> None:
     pool = [PoolEntry(name=w.name, description=w.description) for w in pool_spec.workers]
     _, held_out = split_items(options.suite.split(","), limit=None, seed=0)
     per_suite = max(1, options.questions // len(options.suite.split(",")))
-    by_suite: dict[str, list[str]] = {}
+    by_suite: dict[str, list[EvalItem]] = {}
     for item in held_out:
         if len(by_suite.setdefault(item.suite, [])) < per_suite:
-            by_suite[item.suite].append(item.question)
-    questions = [q for suite in by_suite.values() for q in suite][: options.questions]
+            by_suite[item.suite].append(item)
+    items = [i for suite in by_suite.values() for i in suite][: options.questions]
+    questions = [item.question for item in items]
     print(f"{len(questions)} held-out questions, {len(pool)} workers")
     if options.tokens_only:
-        count_tokens(options.checkpoint, questions, pool)
+        count_tokens(options.checkpoint, items, pool_spec)
         return
     rows = []
     for backend_name in options.backends.split(","):

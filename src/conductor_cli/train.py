@@ -104,9 +104,10 @@ def train_command(
         None,
         "--prompt-form",
         help="The prompts trained on: full (the rules and the few-shot examples), compact (the "
-        "rules in brief: about 40% of full's tokens on a small pool) or short (the rules, no "
-        "examples). The checkpoint records it and is served the same way. Default: as the "
-        "base model was trained, and full for a model Conductor training never saw.",
+        "rules in brief, a long question's head and tail: 29% of full's tokens on the simulated "
+        "pool, 45% on RouterBench's replay pool) or short (the rules, no examples). The "
+        "checkpoint records it and is served the same way. Default: as the base model was "
+        "trained, and full for a model Conductor training never saw.",
     ),
     precision: str = typer.Option(
         "auto",

@@ -26,7 +26,7 @@ from conductor_router.model import (
     WorkerHead,
 )
 from conductor_router.report import COST_WEIGHTS, curve_area
-from conductor_router.serving import best_workers, mlp_chances
+from conductor_router.serving import best_workers, mlp_chances, sigmoid
 from conductor_router.text_features import QUESTION_FEATURES
 
 # The inverse regularisation of each worker's logistic head is chosen per training set, by
@@ -237,7 +237,7 @@ def _choose_head_c(
             p = np.empty((len(fold), right.shape[1]))
             for j in range(right.shape[1]):
                 coef, intercept = _fit_worker_logistic(inputs.values, right[:, j], fit_on, head_c)
-                p[:, j] = 1 / (1 + np.exp(-(inputs.values[fold] @ np.array(coef) + intercept)))
+                p[:, j] = sigmoid(inputs.values[fold] @ np.array(coef) + intercept)
             chances[head_c].append(p)
             expected = inputs.expected_cost[fold][None]
             picks = (p[None] - weights * expected).argmax(axis=2)

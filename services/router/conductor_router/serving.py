@@ -131,8 +131,7 @@ class Router:
         inputs, cost = self._inputs(embeddings, questions)
         if self.model.head == "mlp":
             return mlp_chances(self._networks, inputs), cost
-        logits = inputs @ self._coef.T + self._intercept
-        return 1.0 / (1.0 + np.exp(-logits)), cost
+        return sigmoid(inputs @ self._coef.T + self._intercept), cost
 
     def _inputs(
         self, embeddings: npt.NDArray[np.float32], questions: Sequence[str]
@@ -239,8 +238,14 @@ def mlp_chances(
     networks: Sequence[MlpWeights], inputs: npt.NDArray[np.float64]
 ) -> npt.NDArray[np.float64]:
     """(questions, workers): the mean over ``networks`` of each one's sigmoid chances."""
-    chances = [1.0 / (1.0 + np.exp(-mlp_logits(w, inputs))) for w in networks]
+    chances = [sigmoid(mlp_logits(w, inputs)) for w in networks]
     result: npt.NDArray[np.float64] = np.mean(chances, axis=0)
+    return result
+
+
+def sigmoid(logits: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """The chance a logistic head's logit stands for."""
+    result: npt.NDArray[np.float64] = 1.0 / (1.0 + np.exp(-logits))
     return result
 
 

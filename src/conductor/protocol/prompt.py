@@ -133,6 +133,8 @@ def _render_last_answer(prior: PriorRound) -> str:
 
 
 def _clip_long_question(question: str) -> str:
+    # A question only a little longer than head and tail is shown whole: the marker would
+    # save next to nothing.
     if len(question) <= COMPACT_QUESTION_HEAD_CHARS + COMPACT_QUESTION_TAIL_CHARS + 50:
         return question
     head = question[:COMPACT_QUESTION_HEAD_CHARS].rstrip()
