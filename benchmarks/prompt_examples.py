@@ -119,7 +119,8 @@ def main() -> None:
     shown = held_out[:: max(1, len(held_out) // args.questions)][: args.questions]
     table: dict[str, Any] = {"options": vars(args) | {"out": str(out)}, "forms": {}}
     for examples in (True, False):
-        form = "with examples" if examples else "without examples"
+        label = "with examples" if examples else "without examples"
+        prompt_form = PromptForm.FULL if examples else PromptForm.SHORT
         torch.manual_seed(args.seed)
         tokenizer, model = load_pretrained(resolve_model(None), dtype=torch.float32)
         model.eval()
@@ -132,7 +133,7 @@ def main() -> None:
                 max_steps=MAX_STEPS_LIMIT,
                 randomized_pools=True,
                 seed=args.seed,
-                form=PromptForm.FULL if examples else PromptForm.SHORT,
+                form=prompt_form,
             )
             for items in (shown, train_items)
         )
@@ -140,7 +141,7 @@ def main() -> None:
             len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in test_rows
         ]
         entry: dict[str, Any] = {"prompt_tokens_mean": sum(tokens) / len(tokens)}
-        print(f"{form}: {entry['prompt_tokens_mean']:.0f} prompt tokens on average", flush=True)
+        print(f"{label}: {entry['prompt_tokens_mean']:.0f} prompt tokens on average", flush=True)
         if args.untrained:
             entry["untrained"] = measure(model, tokenizer, test_rows, args.new_tokens)
             print(f"  untrained: {entry['untrained']}", flush=True)
@@ -148,7 +149,9 @@ def main() -> None:
         warm_up(
             model,
             tokenizer,
-            format_examples(train_rows, max_steps=MAX_STEPS_LIMIT, seed=args.seed),
+            format_examples(
+                train_rows, max_steps=MAX_STEPS_LIMIT, seed=args.seed, form=prompt_form
+            ),
             steps=args.warmup_steps,
             learning_rate=5e-5,
             out=out / ("with" if examples else "without"),
@@ -163,7 +166,7 @@ def main() -> None:
             f"{entry['warmed_up']}",
             flush=True,
         )
-        table["forms"][form] = entry
+        table["forms"][label] = entry
     (out / "prompt_examples.json").write_text(json.dumps(table, indent=1))
     print_table(table)
     print(f"wrote {out / 'prompt_examples.json'}")

@@ -33,10 +33,18 @@ class PromptForm(StrEnum):
     FULL = "full"  # the rules and the few-shot examples: for models not trained on our prompt
     SHORT = "short"  # the rules without the examples (checkpoints trained before COMPACT)
     COMPACT = "compact"  # the rules in brief, no examples: what training without examples writes
+    # The output format alone, the pool by worker names, a long question's head and tail; the
+    # plan comes without reasoning. For checkpoints trained on it: the fewest tokens a plan costs.
+    MINIMAL = "minimal"
 
     @property
     def examples(self) -> bool:
         return self is PromptForm.FULL
+
+    @property
+    def reasoning(self) -> bool:
+        """Whether a plan starts with a line of reasoning (every form but MINIMAL)."""
+        return self is not PromptForm.MINIMAL
 
 
 @runtime_checkable

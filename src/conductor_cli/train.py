@@ -105,7 +105,9 @@ def train_command(
         "--prompt-form",
         help="The prompts trained on: full (the rules and the few-shot examples), compact (the "
         "rules in brief, a long question's head and tail: 29% of full's tokens on the simulated "
-        "pool, 45% on RouterBench's replay pool) or short (the rules, no examples). The "
+        "pool, 45% on RouterBench's replay pool), minimal (the output format alone, workers by "
+        "name, less of a long question, plans without reasoning: 17% and 23%) or short (the "
+        "rules, no examples). The "
         "checkpoint records it and is served the same way. Default: as the base model was "
         "trained, and full for a model Conductor training never saw.",
     ),

@@ -123,6 +123,46 @@ def test_the_compact_prompt_shows_a_long_question_s_head_and_tail() -> None:
     assert user.content.endswith("Question: What is 6 * 7?")
 
 
+@pytest.mark.parametrize("fmt", list(PlanFormat))
+@pytest.mark.parametrize("offer_conductor", [False, True])
+def test_the_minimal_prompt_names_the_workers_and_asks_for_the_plan_alone(
+    fmt: PlanFormat, offer_conductor: bool
+) -> None:
+    pool = [*POOL, PoolEntry(name="conductor", description="", is_conductor=True)]
+    request = PlanRequest(
+        question="What is 6 * 7?", pool=pool if offer_conductor else POOL, max_steps=4
+    )
+    compact = render_prompt(request, fmt, form=PromptForm.COMPACT)
+    system, user = render_prompt(request, fmt, form=PromptForm.MINIMAL)
+    assert "1 to 4 steps" in system.content
+    for field in ("model_id", "subtask", "access_list"):
+        assert field in system.content, field
+    assert "reasoning" not in system.content
+    assert ("JSON" in system.content) is (fmt is PlanFormat.JSON)
+    assert len(system.content) < len(compact[0].content) / 2
+    for model_id, entry in enumerate(POOL):
+        assert f"Model {model_id}: {entry.name}\n" in user.content + "\n"
+        assert entry.description not in user.content
+    if offer_conductor:
+        assert f"Model {len(POOL)}: you; only as the last step" in user.content
+    assert user.content.endswith("Question: What is 6 * 7?")
+    assert len(user.content) < len(compact[1].content)
+
+
+def test_the_minimal_prompt_keeps_less_of_a_long_question_than_the_compact_one() -> None:
+    document = "".join(f"Line {i} of a long document.\n" for i in range(400))
+    question = f"Read this.\n{document}Which line comes after line 398?"
+    request = PlanRequest(question=question, pool=POOL, max_steps=5)
+    shown = {
+        form: render_prompt(request, PlanFormat.LISTS, form=form)[1].content.split("Question: ")[1]
+        for form in (PromptForm.COMPACT, PromptForm.MINIMAL)
+    }
+    minimal = shown[PromptForm.MINIMAL]
+    assert minimal.startswith("Read this.\nLine 0 of a long document.")
+    assert minimal.endswith("Which line comes after line 398?")
+    assert len(minimal) < 700 < len(shown[PromptForm.COMPACT])
+
+
 def test_examples_are_valid_plans_in_both_formats() -> None:
     for example in EXAMPLES:
         for plan in (example.plan, example.routing_plan):
@@ -510,6 +550,27 @@ def test_the_longest_plan_the_schema_admits_fits_in_max_tokens(
     jsonschema.validate(plan, schema)
     # Then its JSON still fits in the budget, counted one token per character
     assert len(json.dumps(plan, separators=(",", ":"))) <= max_tokens
+
+
+@pytest.mark.parametrize(("max_tokens", "max_steps"), [(160, 1), (1024, 5)])
+def test_a_plan_without_reasoning_has_no_reasoning_field_and_fits_in_max_tokens(
+    max_tokens: int, max_steps: int
+) -> None:
+    reasoning, subtask = text_limits(max_tokens, max_steps, reasoning=False)
+    assert reasoning == 0
+    assert subtask > text_limits(max_tokens, max_steps)[1]  # the subtasks get the room
+    schema = plan_schema(
+        worker_ids=[0, 1], max_steps=max_steps, max_subtask_chars=subtask, max_reasoning_chars=0
+    )
+    assert schema["required"] == ["steps"]
+    steps = [
+        {"model_id": 1, "subtask": "s" * subtask, "access_list": list(range(i))}
+        for i in range(max_steps)
+    ]
+    jsonschema.validate({"steps": steps}, schema)
+    assert len(json.dumps({"steps": steps}, separators=(",", ":"))) <= max_tokens
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"reasoning": "r", "steps": steps}, schema)
 
 
 @pytest.mark.parametrize("max_tokens", [2048, 8192])

@@ -270,6 +270,25 @@ async def test_the_planner_sends_the_prompt_form_its_backend_was_trained_on(
     assert ("Example 1" in system) is (form is PromptForm.FULL)
 
 
+@pytest.mark.parametrize("form", list(PromptForm))
+async def test_a_json_plan_carries_reasoning_in_every_form_but_the_minimal_one(
+    form: PromptForm,
+) -> None:
+    from fakes.scripted import ScriptedBackend
+
+    steps = '"steps": [{"model_id": 0, "subtask": "Solve it.", "access_list": []}]'
+    output = (
+        "{" + steps + "}" if form is PromptForm.MINIMAL else '{"reasoning": "r", ' + steps + "}"
+    )
+    backend = ScriptedBackend([output], plan_format=PlanFormat.JSON, prompt_form=form)
+    request = PlanRequest(question="q", pool=[PoolEntry(name="a", description="any")], max_steps=5)
+    outcome = await ConductorPlanner(backend).plan(request)
+    assert outcome.valid, outcome.errors
+    schema = backend.requests[0]["json_schema"]
+    assert ("reasoning" in schema["properties"]) is form.reasoning
+    assert schema["required"] == (["reasoning", "steps"] if form.reasoning else ["steps"])
+
+
 async def test_a_plan_that_copies_an_example_subtask_falls_back_to_the_question_as_asked() -> None:
     from conductor.protocol.examples import EXAMPLES
 

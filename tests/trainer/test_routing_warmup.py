@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from conductor.errors import ConfigurationError
+from conductor.ports import PromptForm
 from conductor.protocol import parse_plan, validate_plan
 from conductor.protocol.examples import copies_an_example
 from conductor_evaluation import EvalItem, is_held_out, load_suite
@@ -133,7 +134,7 @@ def test_target_plans_route_to_the_label_as_each_prompt_numbers_its_pool(table: 
         {"prompt": "P2", "item_key": code_key, "pool_names": ["small", "big"]},
         {"prompt": "P3", "item_key": math_key, "pool_names": ["small"]},  # its label not shown
     ]
-    targets = routing_examples(rows, by_key, {math_key: "big", code_key: "small"})
+    targets = routing_examples(rows, by_key, {math_key: "big", code_key: "small"}, PromptForm.FULL)
     assert [t["prompt"] for t in targets] == ["P1", "P2"]
     plans = []
     for target in targets:
@@ -145,7 +146,7 @@ def test_target_plans_route_to_the_label_as_each_prompt_numbers_its_pool(table: 
     assert [p.steps[0].model_id for p in plans] == [1, 0]
     assert [p.steps[0].subtask for p in plans] == [MATH_SUBTASK, CODE_SUBTASK]
     with pytest.raises(ConfigurationError, match="labels none of the training questions"):
-        routing_examples(rows[2:], by_key, {math_key: "big"})
+        routing_examples(rows[2:], by_key, {math_key: "big"}, PromptForm.FULL)
 
 
 def test_each_kind_of_question_gets_its_subtask_and_none_is_an_examples(table: Path) -> None:

@@ -463,9 +463,13 @@ def test_format_warmup_targets_are_valid_plans_for_the_pool_shown() -> None:
     from conductor_trainer.warmup import format_examples
 
     rows = [{"prompt": "p", "pool_names": ["a", "b", "c"][: 1 + i % 3]} for i in range(60)]
-    examples = format_examples(rows, max_steps=5, seed=0)
+    examples = format_examples(rows, max_steps=5, seed=0, form=PromptForm.FULL)
+    minimal = format_examples(rows, max_steps=5, seed=0, form=PromptForm.MINIMAL)
     shapes = set()
-    for row, example in zip(rows, examples, strict=True):
+    for row, example, bare in zip(rows, examples, minimal, strict=True):
+        # The minimal form's targets are the same plans without their line of reasoning.
+        assert bare["completion"].startswith("model_id = [")
+        assert example["completion"].endswith("\n" + bare["completion"])
         parsed = parse_plan(example["completion"])
         assert not isinstance(parsed, ParseFailure)
         checked = validate_plan(

@@ -101,9 +101,12 @@ class ConductorPlanner:
             raise ValueError(f"fallback model {request.fallback_model_id} is not a worker id")
         allow_stop = request.round > 0
         fmt = self.backend.plan_format
+        form = self.backend.prompt_form
         schema = None
         if fmt is PlanFormat.JSON:
-            reasoning_chars, subtask_chars = text_limits(request.max_tokens, request.max_steps)
+            reasoning_chars, subtask_chars = text_limits(
+                request.max_tokens, request.max_steps, reasoning=form.reasoning
+            )
             schema = plan_schema(
                 worker_ids=worker_ids,
                 max_steps=request.max_steps,
@@ -114,7 +117,7 @@ class ConductorPlanner:
             )
         started = time.perf_counter()
         completion = await self.backend.generate(
-            render_prompt(request, fmt, form=self.backend.prompt_form),
+            render_prompt(request, fmt, form=form),
             json_schema=schema,
             max_tokens=request.max_tokens,
             temperature=request.temperature,
@@ -133,7 +136,7 @@ class ConductorPlanner:
                 max_steps=request.max_steps,
                 conductor_id=conductor_id,
                 allow_stop=allow_stop,
-                examples_shown=self.backend.prompt_form.examples,
+                examples_shown=form.examples,
             )
             errors, plan, stop = validation.errors, validation.plan, validation.stop
         if errors:

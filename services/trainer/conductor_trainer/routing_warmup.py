@@ -28,8 +28,10 @@ from typing import Any
 
 from conductor.errors import ConfigurationError
 from conductor.pool import Domain
+from conductor.ports import PromptForm
 from conductor.workflow import Plan, PlanStep
 from conductor_evaluation import AnswerKind, EvalItem, is_held_out
+from conductor_trainer.warmup import target_completion
 
 OUTCOMES, ROUTER = "outcomes", "router"
 REASON = "This question suits one model best; it answers alone."
@@ -151,10 +153,14 @@ def subtask_for(item: EvalItem) -> str:
 
 
 def routing_examples(
-    rows: Iterable[Mapping[str, Any]], items: Mapping[str, EvalItem], labels: Mapping[str, str]
+    rows: Iterable[Mapping[str, Any]],
+    items: Mapping[str, EvalItem],
+    labels: Mapping[str, str],
+    form: PromptForm,
 ) -> list[dict[str, str]]:
-    """Prompt-completion pairs: each training prompt whose question is labelled, with a
-    one-step plan on its labelled worker (numbered as that prompt's pool numbers it)."""
+    """Prompt-completion pairs: each training prompt (rendered in ``form``) whose question is
+    labelled, with a one-step plan on its labelled worker (numbered as that prompt's pool
+    numbers it)."""
     examples = []
     for row in rows:
         worker = labels.get(row["item_key"])
@@ -166,7 +172,7 @@ def routing_examples(
         )
         plan = Plan(steps=(step,))
         examples.append(
-            {"prompt": row["prompt"], "completion": f"{REASON}\n{plan.as_lists_text()}"}
+            {"prompt": row["prompt"], "completion": target_completion(REASON, plan, form)}
         )
     if not examples:
         raise ConfigurationError(

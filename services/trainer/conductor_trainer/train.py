@@ -213,14 +213,19 @@ def _reporting_reward(reward: Callable[..., Any], notify: Progress, total: int) 
 
 
 def _routing_targets(
-    source: Any, rows: list[dict[str, Any]], items: list[EvalItem], pool: Pool, out: Path
+    source: Any,
+    rows: list[dict[str, Any]],
+    items: list[EvalItem],
+    pool: Pool,
+    out: Path,
+    form: PromptForm,
 ) -> list[dict[str, str]]:
     """The routing warm-up's targets, and ``OUT/warmup_labels.json``: the source and each
     worker's share of the labels (the routing prior taught)."""
     from conductor_trainer.routing_warmup import label_shares, routing_examples, routing_labels
 
     labels = routing_labels(source, items, [w.name for w in pool.workers])
-    targets = routing_examples(rows, {item.key: item for item in items}, labels)
+    targets = routing_examples(rows, {item.key: item for item in items}, labels, form)
     (out / WARMUP_LABELS_FILE).write_text(
         json.dumps(
             {
@@ -336,9 +341,11 @@ def train(
         from conductor_trainer.warmup import format_examples, warm_up
 
         targets = (
-            _routing_targets(label_source, rows, train_items, pool, options.out)
+            _routing_targets(label_source, rows, train_items, pool, options.out, form)
             if label_source
-            else format_examples(rows, max_steps=options.max_plan_steps, seed=options.seed)
+            else format_examples(
+                rows, max_steps=options.max_plan_steps, seed=options.seed, form=form
+            )
         )
         warm_up(
             model,

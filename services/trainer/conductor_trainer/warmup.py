@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from conductor.ports import PromptForm
 from conductor.workflow import ALL, AccessEntry, Plan, PlanStep
 from conductor_trainer.checkpointing import checkpointing_is_on, set_checkpointing
 from conductor_trainer.precision import PrecisionChoice, precision_fields
@@ -54,16 +55,22 @@ def random_plan(pool_size: int, max_steps: int, rng: random.Random) -> tuple[str
     return REASONS[shape], Plan(steps=tuple(steps))
 
 
+def target_completion(reason: str, plan: Plan, form: PromptForm) -> str:
+    """A warm-up's target output: the reasoning line (not in the minimal form), then the lists."""
+    return f"{reason}\n{plan.as_lists_text()}" if form.reasoning else plan.as_lists_text()
+
+
 def format_examples(
-    rows: Sequence[dict[str, Any]], *, max_steps: int, seed: int
+    rows: Sequence[dict[str, Any]], *, max_steps: int, seed: int, form: PromptForm
 ) -> list[dict[str, str]]:
-    """Prompt-completion pairs: each training prompt with a random valid plan as the answer."""
+    """Prompt-completion pairs: each training prompt (rendered in ``form``) with a random valid
+    plan as the answer."""
     rng = random.Random(seed)
     examples = []
     for row in rows:
         reason, plan = random_plan(len(row["pool_names"]), max_steps, rng)
         examples.append(
-            {"prompt": row["prompt"], "completion": f"{reason}\n{plan.as_lists_text()}"}
+            {"prompt": row["prompt"], "completion": target_completion(reason, plan, form)}
         )
     return examples
 

@@ -1,8 +1,9 @@
 """Renders the Conductor prompt: the task, the numbered pool, few-shot examples, the question.
 
-Workers appear only as "Model i" with a description (names withheld so they do not bias the
-Conductor). The same text serves every backend; only the output instructions differ between
-the paper's three Python lists and the JSON form used under constrained decoding.
+Workers appear as "Model i" with a description (names withheld so they do not bias an untrained
+Conductor), or by name in the minimal form, for checkpoints trained on it. The same text serves
+every backend; only the output instructions differ between the paper's three Python lists and
+the JSON form used under constrained decoding.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ MAX_ANSWER_CHARS_IN_PROMPT = 1500
 # at the start, and every worker still receives the question whole. About 250 tokens.
 COMPACT_QUESTION_HEAD_CHARS = 150
 COMPACT_QUESTION_TAIL_CHARS = 800
+# The minimal form keeps less of a long question: about 150 tokens, enough to tell what is asked.
+MINIMAL_QUESTION_HEAD_CHARS = 100
+MINIMAL_QUESTION_TAIL_CHARS = 500
 
 _TASK = """You are the Conductor. You answer questions by querying a team of language models \
 with different skills; you never answer yourself. Write a workflow of 1 to {max_steps} steps. \
@@ -51,6 +55,18 @@ access_list = [...]"""
 _COMPACT_JSON_OUTPUT = """Output JSON: {"reasoning": str, "steps": [{"model_id": int, \
 "subtask": str, "access_list": list}]}"""
 
+# The minimal form: the output format and nothing else, for checkpoints trained on it (a plan
+# without reasoning is a third of the tokens of one with it).
+_MINIMAL_TASK = "Plan 1 to {max_steps} steps for these models; never answer yourself."
+
+_MINIMAL_LISTS_OUTPUT = """Output only:
+model_id = [...]
+subtasks = [...]
+access_list = [...]"""
+
+_MINIMAL_JSON_OUTPUT = """Output only JSON: {"steps": [{"model_id": int, "subtask": str, \
+"access_list": list}]}"""
+
 _LISTS_OUTPUT = """Output: first think briefly about the question and which models fit it, \
 then write exactly three Python lists of equal length:
 model_id = [...]
@@ -67,7 +83,10 @@ _REPLAN_JSON = """Write new steps that improve the last answer, or, if it is alr
 complete, stop with an empty list of steps."""
 
 
-def render_pool(pool: list[PoolEntry], *, compact: bool = False) -> str:
+def render_pool(pool: list[PoolEntry], *, form: PromptForm = PromptForm.FULL) -> str:
+    """The numbered pool: by description (by name where a worker has none), or in the minimal
+    form by name, which a trained planner has learnt and which costs a few tokens."""
+    compact = form in (PromptForm.COMPACT, PromptForm.MINIMAL)
     lines = []
     for model_id, entry in enumerate(pool):
         if entry.is_conductor and compact:
@@ -80,6 +99,8 @@ def render_pool(pool: list[PoolEntry], *, compact: bool = False) -> str:
                 f"Model {model_id}: the Conductor (you). Name it only as the last step, after at "
                 "least one other step, to see the answers so far and write more steps."
             )
+        elif form is PromptForm.MINIMAL:
+            lines.append(f"Model {model_id}: {entry.name}")
         else:
             lines.append(f"Model {model_id}: {entry.description or entry.name}")
     return "\n".join(lines)
@@ -132,13 +153,13 @@ def _render_last_answer(prior: PriorRound) -> str:
     return f"Last answer: {_clip(prior.last_answer)}"
 
 
-def _clip_long_question(question: str) -> str:
+def _clip_long_question(question: str, head_chars: int, tail_chars: int) -> str:
     # A question only a little longer than head and tail is shown whole: the marker would
     # save next to nothing.
-    if len(question) <= COMPACT_QUESTION_HEAD_CHARS + COMPACT_QUESTION_TAIL_CHARS + 50:
+    if len(question) <= head_chars + tail_chars + 50:
         return question
-    head = question[:COMPACT_QUESTION_HEAD_CHARS].rstrip()
-    tail = question[-COMPACT_QUESTION_TAIL_CHARS:].lstrip()
+    head = question[:head_chars].rstrip()
+    tail = question[-tail_chars:].lstrip()
     return f"{head} [... {len(question) - len(head) - len(tail):,} characters ...] {tail}"
 
 
@@ -156,23 +177,31 @@ def render_prompt(
     form, so it is the same for every round of a workflow and for every workflow of a variant: a
     model server caches its computation once (the user message comes last, and varies).
     ``form``: FULL carries the few-shot examples (about two thirds of the prompt's tokens on a
-    small pool), SHORT the rules alone, COMPACT the rules in brief; a model is served the form
-    it was trained on."""
-    compact = form is PromptForm.COMPACT
-    if compact:
-        output = _COMPACT_JSON_OUTPUT if fmt is PlanFormat.JSON else _COMPACT_LISTS_OUTPUT
-    else:
-        output = _JSON_OUTPUT if fmt is PlanFormat.JSON else _LISTS_OUTPUT
+    small pool), SHORT the rules alone, COMPACT the rules in brief, MINIMAL the output format
+    alone (workers by name, a plan without reasoning); a model is served the form it was
+    trained on."""
     workflow_max_steps = request.workflow_max_steps or request.max_steps
-    task = _COMPACT_TASK if compact else _TASK
+    json_output = fmt is PlanFormat.JSON
+    question = request.question
+    if form is PromptForm.MINIMAL:
+        task, output = _MINIMAL_TASK, _MINIMAL_JSON_OUTPUT if json_output else _MINIMAL_LISTS_OUTPUT
+        question = _clip_long_question(
+            question, MINIMAL_QUESTION_HEAD_CHARS, MINIMAL_QUESTION_TAIL_CHARS
+        )
+    elif form is PromptForm.COMPACT:
+        task, output = _COMPACT_TASK, _COMPACT_JSON_OUTPUT if json_output else _COMPACT_LISTS_OUTPUT
+        question = _clip_long_question(
+            question, COMPACT_QUESTION_HEAD_CHARS, COMPACT_QUESTION_TAIL_CHARS
+        )
+    else:
+        task, output = _TASK, _JSON_OUTPUT if json_output else _LISTS_OUTPUT
     parts = [task.format(max_steps=workflow_max_steps), output]
     if form.examples:
         parts.append(_render_examples(workflow_max_steps, fmt))
     system = "\n\n".join(parts)
-    pool = render_pool(request.pool, compact=compact)
-    user = [f"Models:\n{pool}" if compact else f"Available models:\n{pool}"]
-    question = _clip_long_question(request.question) if compact else request.question
-    user.append(f"Question: {question}")
+    pool = render_pool(request.pool, form=form)
+    heading = "Available models" if form in (PromptForm.FULL, PromptForm.SHORT) else "Models"
+    user = [f"{heading}:\n{pool}", f"Question: {question}"]
     if request.prior is not None:
         user.append(_render_prior(request.prior, fmt))
     if request.max_steps < workflow_max_steps:

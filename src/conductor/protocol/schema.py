@@ -24,15 +24,20 @@ MIN_TEXT_CHARS = 40
 MAX_REASONING_CHARS = 300
 
 
-def text_limits(max_tokens: int, max_steps: int) -> tuple[int, int]:
-    """Longest reasoning and subtask the schema allows, so that the longest plan it admits
-    fits in ``max_tokens``: a token spans at least one character, so bounding characters bounds
-    tokens. Without this a small model that rambles up to every maxLength is cut off
-    mid-JSON, and the output, though constrained, does not parse."""
+def text_limits(max_tokens: int, max_steps: int, *, reasoning: bool = True) -> tuple[int, int]:
+    """Longest reasoning (0 for a plan without: ``reasoning`` false) and subtask the schema
+    allows, so that the longest plan it admits fits in ``max_tokens``: a token spans at least
+    one character, so bounding characters bounds tokens. Without this a small model that
+    rambles up to every maxLength is cut off mid-JSON, and the output, though constrained, does
+    not parse."""
     budget = max_tokens - PLAN_OVERHEAD_CHARS - STEP_OVERHEAD_CHARS * max_steps
-    reasoning = max(MIN_TEXT_CHARS, min(MAX_REASONING_CHARS, budget // 4))
-    subtask = max(MIN_TEXT_CHARS, min(MAX_TEXT_CHARS, (budget - reasoning) // max(1, max_steps)))
-    return reasoning, subtask
+    if not reasoning:
+        return 0, max(MIN_TEXT_CHARS, min(MAX_TEXT_CHARS, budget // max(1, max_steps)))
+    reasoning_chars = max(MIN_TEXT_CHARS, min(MAX_REASONING_CHARS, budget // 4))
+    subtask = max(
+        MIN_TEXT_CHARS, min(MAX_TEXT_CHARS, (budget - reasoning_chars) // max(1, max_steps))
+    )
+    return reasoning_chars, subtask
 
 
 def plan_schema(
@@ -44,6 +49,8 @@ def plan_schema(
     max_subtask_chars: int = MAX_TEXT_CHARS,
     max_reasoning_chars: int = MAX_REASONING_CHARS,
 ) -> dict[str, Any]:
+    """The JSON schema a plan's output must follow under constrained decoding: a ``reasoning``
+    string (none where ``max_reasoning_chars`` is 0: the minimal prompt form) and the steps."""
     if not worker_ids:
         raise ValueError("a plan schema needs at least one worker id")
     earlier_rounds = allow_stop  # only a recursion round may stop, and only it has a past
@@ -72,13 +79,14 @@ def plan_schema(
                 }
             )
     steps = alternatives[0] if len(alternatives) == 1 else {"anyOf": alternatives}
+    properties: dict[str, Any] = {"steps": steps}
+    if max_reasoning_chars > 0:
+        reasoning = {"type": "string", "maxLength": max_reasoning_chars}
+        properties = {"reasoning": reasoning, **properties}  # reasoning first: it comes first
     return {
         "type": "object",
-        "properties": {
-            "reasoning": {"type": "string", "maxLength": max_reasoning_chars},
-            "steps": steps,
-        },
-        "required": ["reasoning", "steps"],
+        "properties": properties,
+        "required": list(properties),
         "additionalProperties": False,
     }
 
