@@ -110,6 +110,18 @@ class Settings(BaseSettings):
     # conductor serve / api: origins a browser may call the HTTP API from (CORS), as a JSON
     # list, e.g. '["https://app.example.com"]'; ["*"] allows any. Empty: no CORS headers.
     cors_origins: list[str] = Field(default_factory=list)
+    # conductor serve / api: Host names the HTTP API answers besides loopback ones, comma-
+    # separated ("conductor.example.com,*.internal.example.com"; "*": any). Empty: an open
+    # server (no API key yet) answers loopback names only, against DNS rebinding; a server
+    # with keys answers any name.
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _host_names(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        return tuple(h.strip().lower() for h in value.split(",") if h.strip())
 
     # planner, aggregator, gateway: serve /metrics, /healthz and /readyz on this HTTP port
     # (0: any free port). Unset: none, so several processes on one machine never collide.

@@ -70,6 +70,7 @@ def serve(
                 grpc_port=None if grpc_port < 0 else grpc_port,
                 open_access=open_access,
                 cors_origins=settings.cors_origins,
+                allowed_hosts=settings.allowed_hosts,
                 on_ready=lambda at: _ready("serve", at),
             )
         finally:
@@ -130,6 +131,7 @@ def api(
             port=port,
             grpc_port=None if grpc_port < 0 else grpc_port,
             cors_origins=settings.cors_origins,
+            allowed_hosts=settings.allowed_hosts,
             on_ready=lambda at: _ready("api", at),
         )
 

@@ -1079,6 +1079,69 @@ def test_an_open_server_takes_any_key_until_one_exists(tmp_path: Path) -> None:
         server.close()
 
 
+def test_an_open_server_answers_loopback_host_names_only(tmp_path: Path) -> None:
+    """DNS rebinding: a page whose name now resolves to 127.0.0.1 sends its own name as Host."""
+    url = f"sqlite:///{tmp_path / 'conductor.db'}"
+    server = LiveApi(lambda: scripted_service(url, scripted_workers()), open_access=True)
+    try:
+        port = server.url.rsplit(":", 1)[1]
+        with httpx.Client(base_url=server.url, timeout=10) as http:
+            answered = {
+                host: http.get("/v1/models", headers={"Host": host}).status_code
+                for host in (f"localhost:{port}", "127.0.0.1", f"[::1]:{port}", "LOCALHOST")
+            }
+            rebound = http.get("/v1/models", headers={"Host": f"attacker.example:{port}"})
+            ui = http.get("/ui/", headers={"Host": "attacker.example"})
+            probe = http.get("/healthz", headers={"Host": "10.1.2.3:8000"})
+        create_key(server.service.engine, "acme")
+        time.sleep(KEY_CACHE_S)  # the open answer is reused this long
+        with httpx.Client(base_url=server.url, timeout=10) as http:
+            keyed = http.get("/v1/models", headers={"Host": "attacker.example"})
+    finally:
+        server.close()
+
+    assert set(answered.values()) == {200}, answered
+    assert rebound.status_code == 403
+    error = rebound.json()["error"]
+    assert error["code"] == "host_not_allowed"
+    assert "CONDUCTOR_ALLOWED_HOSTS" in error["message"]
+    assert ui.status_code == 403
+    assert probe.status_code == 200
+    # Once a key exists, any Host: the key is what a rebinding page cannot present.
+    assert keyed.status_code == 401
+
+
+def test_allowed_hosts_are_answered_and_others_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'conductor.db'}"
+    server = LiveApi(
+        lambda: scripted_service(url, scripted_workers()),
+        open_access=True,
+        allowed_hosts=["conductor.example.com", "*.internal.example"],
+    )
+    try:
+        with httpx.Client(base_url=server.url, timeout=10) as http:
+            status = {
+                host: http.get("/v1/models", headers={"Host": host}).status_code
+                for host in (
+                    "Conductor.Example.com:443",
+                    "api.internal.example",
+                    "localhost",
+                    "example.com",
+                    "conductor.example.com.evil.example",
+                )
+            }
+    finally:
+        server.close()
+
+    assert status == {
+        "Conductor.Example.com:443": 200,
+        "api.internal.example": 200,
+        "localhost": 200,
+        "example.com": 403,
+        "conductor.example.com.evil.example": 403,
+    }
+
+
 def test_cors_answers_the_configured_origins_only(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'conductor.db'}"
     allowed = "https://app.example.com"

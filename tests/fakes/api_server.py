@@ -40,6 +40,7 @@ class LiveApi:
         *,
         open_access: bool = False,
         cors_origins: Sequence[str] = (),
+        allowed_hosts: Sequence[str] = (),
     ):
         self.loop = LoopThread("test-api-loop")
         self._stop = asyncio.Event()
@@ -59,6 +60,7 @@ class LiveApi:
                 grpc_port=0,
                 open_access=open_access,
                 cors_origins=cors_origins,
+                allowed_hosts=allowed_hosts,
                 on_ready=ready,
                 stop=self._stop,
                 grace_s=1,

@@ -16,6 +16,7 @@ import conductor
 from conductor_api import chat, jobs, responses, stats, ui
 from conductor_api.admission import LimitHeaders
 from conductor_api.errors import error_body, install_error_handlers
+from conductor_api.hosts import HostCheck
 from conductor_api.metrics import ApiMetrics, MetricsMiddleware
 from conductor_api.schemas import ErrorResponse
 from conductor_api.service import WorkflowService
@@ -127,10 +128,14 @@ def _openapi_document(app: FastAPI) -> dict[str, Any]:
 
 
 def create_app(
-    service: WorkflowService, *, open_access: bool = False, cors_origins: Sequence[str] = ()
+    service: WorkflowService,
+    *,
+    open_access: bool = False,
+    cors_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] = (),
 ) -> FastAPI:
     """The API over ``service``; ``open_access`` (embedded only) admits requests without a
-    key while no key exists."""
+    key while no key exists, from loopback ``Host`` names and ``allowed_hosts`` only."""
     app = FastAPI(
         title="Conductor API",
         version=conductor.__version__,
@@ -197,6 +202,9 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(BodyLimit)
+    app.add_middleware(
+        HostCheck, service=service, open_access=open_access, allowed_hosts=allowed_hosts
+    )
     if cors_origins:
         # Outermost, so refusals (401, 413) carry the headers a browser needs to read them.
         app.add_middleware(

@@ -65,6 +65,7 @@ async def serve_api(
     grpc_port: int | None,
     open_access: bool = False,
     cors_origins: Sequence[str] = (),
+    allowed_hosts: Sequence[str] = (),
     grace_s: float = 10.0,
     on_ready: Callable[[Listening], None] = lambda _: None,
     stop: asyncio.Event | None = None,
@@ -84,7 +85,12 @@ async def serve_api(
             await mark_serving(grpc_health)
             grpc_address = f"{host}:{bound}"
         config = uvicorn.Config(
-            create_app(service, open_access=open_access, cors_origins=cors_origins),
+            create_app(
+                service,
+                open_access=open_access,
+                cors_origins=cors_origins,
+                allowed_hosts=allowed_hosts,
+            ),
             host=host,
             port=port,
             log_level="warning",
