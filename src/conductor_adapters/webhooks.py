@@ -40,6 +40,7 @@ from conductor_adapters.store.models import (
     webhook_delivery_table,
     workflow_table,
 )
+from conductor_adapters.store.redact import without_addresses
 
 # Seconds before the 2nd, 3rd, ... attempt; after the last, the delivery has failed.
 BACKOFF_S = (1.0, 5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0)
@@ -189,7 +190,8 @@ def _payload(
             "status": result.status.value,
             "variant": result.variant,
             "answer": result.answer,
-            "error": result.error,
+            # As the API shows it: the receiver is the tenant's, the addresses are not.
+            "error": None if result.error is None else without_addresses(result.error),
             "metadata": labels,
             "usage": {
                 "prompt_tokens": usage.prompt_tokens,

@@ -95,6 +95,26 @@ def test_a_jobs_outcome_reaches_its_callback_url_signed(
         assert other.get(f"/v1/workflows/{workflow_id}/webhooks").status_code == 404
 
 
+def test_a_failures_webhook_names_no_internal_address(api: Api, allow_loopback: None) -> None:
+    """The receiver is the tenant's: its error reads as the API's does, addresses hidden."""
+    engine = api.server.service.engine
+    made = create_key(engine, "acme", allowed_pool=["delta"])  # delta fails naming DELTA_URL
+    _, secret = set_webhook(engine, made.key.id, None)
+    assert secret is not None
+    receiver = WebhookReceiver(secret)
+    try:
+        with api.http(made.secret) as http:
+            job = {"question": "6 * 7", "callback_url": receiver.url}
+            assert http.post("/v1/workflows", json=job).status_code == 202
+        assert receiver.arrived.wait(30), f"no delivery; attempts: {receiver.attempts}"
+    finally:
+        receiver.close()
+    [event] = receiver.delivered
+    assert event["type"] == "workflow.failed"
+    assert "10.20.30.40" not in event["data"]["error"]
+    assert "[internal address]" in event["data"]["error"]
+
+
 def test_a_callback_url_needs_a_key_that_signs(api: Api) -> None:
     with api.http() as http:  # this key has no signing secret
         refused = http.post(

@@ -27,9 +27,10 @@ from conductor.errors import StepCallFailed
 from conductor.ports import StepCallResult
 from conductor.workflow import AttemptRecord, attempts_total
 from conductor_adapters.store.keys import record_direct_call
+from conductor_adapters.store.redact import without_addresses
 from conductor_api.admission import admit, request_state
 from conductor_api.auth import CallerDep
-from conductor_api.errors import ApiError, error_body, unsupported, without_addresses
+from conductor_api.errors import ApiError, error_body, unsupported
 from conductor_api.images import IMAGE_PART, check_images, message_images
 from conductor_api.metrics import ApiMetrics
 from conductor_api.reads import load_workflow

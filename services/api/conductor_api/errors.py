@@ -8,7 +8,6 @@ what was wrong and how to fix it, and nothing internal (or secret) leaks into it
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -54,20 +53,6 @@ class ApiError(Exception):
         self.param = param
         self.retry = retry
         self.headers = headers or {}
-
-
-# Provider endpoints and internal hosts in the error texts of workers and workflows: clients
-# get the reason without the address (the trace in the database and the logs keep it).
-_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,:;)]")
-_ADDRESS = re.compile(
-    r"\b(?:\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?|(?=[\w.-]*[A-Za-z])[\w-]+(?:\.[\w-]+)*:\d{2,5})\b"
-)
-HIDDEN_ADDRESS = "[internal address]"
-
-
-def without_addresses(text: str) -> str:
-    """``text`` with every URL, IP address and host:port replaced by a placeholder."""
-    return _ADDRESS.sub(HIDDEN_ADDRESS, _URL.sub(HIDDEN_ADDRESS, text))
 
 
 def invalid(param: str, reason: str) -> ApiError:

@@ -23,7 +23,7 @@ from conductor_adapters.store.models import (
     step_table,
     workflow_table,
 )
-from conductor_api.errors import without_addresses
+from conductor_adapters.store.redact import without_addresses
 from conductor_api.schemas import (
     EventView,
     StepView,

@@ -22,8 +22,9 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, select
 
 from conductor_adapters.store.models import step_table, workflow_table
+from conductor_adapters.store.redact import without_addresses
 from conductor_api.auth import CallerDep
-from conductor_api.errors import ApiError, without_addresses
+from conductor_api.errors import ApiError
 from conductor_api.reads import as_utc
 from conductor_api.service import WorkflowService
 

@@ -1,4 +1,6 @@
-"""Keeping provider keys out of traces: a trace never holds a provider key.
+"""Redaction: provider keys kept out of traces, internal addresses out of what tenants read.
+
+A trace never holds a provider key.
 
 Pool snapshots are built from WorkerSpec, which holds only the *name* of a key variable, but a
 trace is forever: credential fields are dropped, and the value of every secret-looking
@@ -36,6 +38,21 @@ def secret_values(env_names: Iterable[str] = ()) -> list[str]:
     names = {name for name in os.environ if _looks_secret(name)} | set(env_names)
     values = {os.environ.get(name, "") for name in names}
     return sorted((v for v in values if len(v) >= 8), key=len, reverse=True)
+
+
+# Provider endpoints and internal hosts in the error texts of workers and workflows: tenants
+# get the reason without the address (the trace in the database and the logs keep it), in API
+# answers and in webhook bodies alike.
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]*[^\s'\"<>.,:;)]")
+_ADDRESS = re.compile(
+    r"\b(?:\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?|(?=[\w.-]*[A-Za-z])[\w-]+(?:\.[\w-]+)*:\d{2,5})\b"
+)
+HIDDEN_ADDRESS = "[internal address]"
+
+
+def without_addresses(text: str) -> str:
+    """``text`` with every URL, IP address and host:port replaced by a placeholder."""
+    return _ADDRESS.sub(HIDDEN_ADDRESS, _URL.sub(HIDDEN_ADDRESS, text))
 
 
 def redact_text(text: str | None, secrets: list[str]) -> str | None:
