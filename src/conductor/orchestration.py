@@ -6,6 +6,7 @@ messages a worker receives, and the recursion budget. No I/O here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from conductor.chat import ChatMessage
@@ -21,14 +22,31 @@ def check_question(question: str) -> None:
         raise InvalidRequest("the question is empty")
     if len(question) > MAX_QUESTION_CHARS:
         raise InvalidRequest(f"the question is longer than {MAX_QUESTION_CHARS} characters")
-    check_no_nul("the question", question)
+    check_text("the question", question)
 
 
-def check_no_nul(what: str, text: str) -> None:
-    """Text from a client is refused with a NUL character in it: PostgreSQL cannot store one, and
-    a question or label is not altered behind its sender's back."""
+# A code point in the surrogate range is always lone in a Python str: JSON's escaped pairs
+# (\ud83d\ude00) decode to the one character they stand for.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def text_fault(text: str) -> str | None:
+    """What makes a client's text unacceptable, as a noun phrase; None when nothing does.
+    A NUL character: PostgreSQL cannot store one. A lone UTF-16 surrogate (``\\udfff`` in
+    JSON): it has no UTF-8 form, so no store, provider or gRPC peer could take it. Refused,
+    never altered behind the sender's back."""
     if "\x00" in text:
-        raise InvalidRequest(f"{what} contains a NUL character (\\u0000)")
+        return "a NUL character (\\u0000)"
+    if not text.isascii() and _SURROGATE.search(text):
+        return "a lone UTF-16 surrogate (\\ud800-\\udfff outside a pair)"
+    return None
+
+
+def check_text(what: str, text: str, *, param: str | None = None) -> None:
+    """InvalidRequest naming ``what`` (and ``param``) when ``text_fault`` finds a fault."""
+    fault = text_fault(text)
+    if fault is not None:
+        raise InvalidRequest(f"{what} contains {fault}", param=param)
 
 
 def resolve_visible_steps(

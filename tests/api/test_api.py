@@ -246,6 +246,24 @@ def test_a_pool_option_outside_the_keys_pool_is_400_with_the_reason(api: Api) ->
             model="conductor-ultra", messages=QUESTION, extra_body={"conductor": {"pool": ["beta"]}}
         )
     assert "allowed: alpha" in caught.value.message
+    # A name outside the pool reads the same to a limited key: the rest of the pool, and which
+    # names exist, stay unknown to it (HTTP and gRPC alike)
+    with pytest.raises(openai.BadRequestError) as unknown:
+        client.chat.completions.create(
+            model="conductor-ultra", messages=QUESTION, extra_body={"conductor": {"pool": ["nope"]}}
+        )
+    with (
+        grpc.insecure_channel(api.server.grpc_address) as channel,
+        pytest.raises(grpc.RpcError) as unknown_grpc,
+    ):
+        workflows_pb2_grpc.WorkflowsStub(channel).Submit(
+            workflows_pb2.SubmitRequest(question="6 * 7", pool=["nope"]),
+            metadata=[("authorization", f"Bearer {api.alpha_key}")],
+            timeout=10,
+        )
+    for message in (unknown.value.message, unknown_grpc.value.details() or ""):
+        assert "may not use nope (allowed: alpha)" in message
+        assert "beta" not in message
     with pytest.raises(openai.BadRequestError, match="not in the pool: nope"):
         api.client().chat.completions.create(
             model="conductor-ultra", messages=QUESTION, extra_body={"conductor": {"pool": ["nope"]}}
@@ -981,6 +999,117 @@ def test_a_nul_character_in_a_grpc_submission_is_invalid_argument(api: Api) -> N
                 stub.Submit(request, metadata=metadata, timeout=10)
             assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
             assert "NUL" in (refused.value.details() or "")
+
+
+LONE = "6 * 7 \udfff"  # a lone UTF-16 surrogate: JSON can spell it, UTF-8 cannot
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (
+            "/v1/chat/completions",
+            {"model": "conductor-mini", "messages": [{"role": "user", "content": LONE}]},
+            "messages.0.content",
+        ),
+        ("/v1/workflows", {"question": LONE}, "question"),
+        ("/v1/responses", {"model": "conductor-mini", "input": LONE}, "input.0.content"),
+        ("/v1/responses", {"model": "alpha", "input": LONE}, "input.0.content"),
+        (
+            "/v1/responses",
+            {"model": "conductor-mini", "input": [{"role": "user", "content": LONE}]},
+            "input.0.content",
+        ),
+        (
+            "/v1/responses",
+            {
+                "model": "conductor-mini",
+                "input": [{"role": "user", "content": [{"type": "input_text", "text": LONE}]}],
+            },
+            "input.0.content.0.text",
+        ),
+        ("/v1/completions", {"model": "conductor-mini", "prompt": LONE}, "prompt"),
+        ("/v1/completions", {"model": "alpha", "prompt": [LONE]}, "prompt"),
+    ],
+    ids=[
+        "chat",
+        "job",
+        "responses-string",
+        "responses-pass-through",
+        "responses-message",
+        "responses-part",
+        "completions",
+        "completions-pass-through",
+    ],
+)
+def test_a_lone_surrogate_from_a_client_is_a_400_naming_the_field(
+    api: Api, path: str, body: dict[str, Any], param: str
+) -> None:
+    """Every door alike: never the 503 (which SDKs retry) or 502 of a failed encoding."""
+    with api.http() as http:  # json.dumps escapes it as \udfff, as a JavaScript client would
+        response = http.post(
+            path, content=json.dumps(body), headers={"Content-Type": "application/json"}
+        )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param, error
+
+
+@pytest.mark.parametrize("query", ["q=a%00b", "variant=a%00", "label=ticket:%00", "label=%00:x"])
+def test_a_nul_in_a_list_filter_is_a_400_naming_it(database_url: str, query: str) -> None:
+    """PostgreSQL refuses a NUL in a bound value (it was a 500): refused first, on both stores."""
+    server = LiveApi(lambda: scripted_service(database_url, scripted_workers()))
+    try:
+        key = create_key(server.service.engine, "acme").secret
+        auth = {"Authorization": f"Bearer {key}"}
+        with httpx.Client(base_url=server.url, headers=auth, timeout=10) as http:
+            response = http.get(f"/v1/workflows?{query}")
+        metadata = [("authorization", f"Bearer {key}")]
+        with grpc.insecure_channel(server.grpc_address) as channel:
+            stub = workflows_pb2_grpc.WorkflowsStub(channel)
+            refusals = []
+            for request in (
+                workflows_pb2.ListRequest(variant="a\x00"),
+                workflows_pb2.ListRequest(labels={"ticket": "\x00"}),
+                workflows_pb2.ListRequest(labels={"\x00": "x"}),
+            ):
+                with pytest.raises(grpc.RpcError) as refused:
+                    stub.List(request, metadata=metadata, timeout=10)
+                refusals.append(refused.value)
+    finally:
+        server.close()
+
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == query.split("=")[0]
+    assert "NUL" in response.json()["error"]["message"]
+    for refusal in refusals:
+        assert refusal.code() is grpc.StatusCode.INVALID_ARGUMENT, refusal.details()
+        assert "NUL" in (refusal.details() or "")
+        assert "SELECT" not in (refusal.details() or "")
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        # A string field (Submit's question, List's variant) of 2 bytes that are not UTF-8
+        {"Submit": b"\x0a\x02\xff\xfe", "List": b"\x12\x02\xff\xfe"},
+        {"Submit": b"\x0a\x50abc", "List": b"\x12\x50abc"},  # 80 bytes announced, 3 sent
+        dict.fromkeys(("Submit", "List"), b"\xff" * 11),  # a tag no varint can end
+    ],
+    ids=["not-utf8", "truncated", "bad-varint"],
+)
+def test_a_malformed_grpc_message_is_invalid_argument(api: Api, wire: dict[str, bytes]) -> None:
+    metadata = [("authorization", f"Bearer {api.key}")]
+    with grpc.insecure_channel(api.server.grpc_address) as channel:
+        for method, message in wire.items():  # raw bytes: no serializer on the client's side
+            call = channel.unary_unary(f"/conductor.v1.Workflows/{method}")
+            with pytest.raises(grpc.RpcError) as refused:
+                call(message, metadata=metadata, timeout=10)
+            assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT, refused.value
+            details = refused.value.details() or ""
+            assert "not a valid message" in details
+            assert "DecodeError" not in details
+            assert "Exception" not in details
 
 
 def test_a_negative_or_nan_cost_weight_in_a_grpc_submission_is_invalid_argument(api: Api) -> None:

@@ -19,6 +19,7 @@ from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
 from conductor.errors import InvalidRequest
 from conductor.machine import FINAL_EVENT_KINDS
+from conductor.orchestration import check_text
 from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
 from conductor_api.auth import identify
 from conductor_api.errors import ApiError, not_found, runs_elsewhere
@@ -106,6 +107,14 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
             message = f"limit must be 1 to {MAX_PAGE_SIZE}, not {limit}"
             await _abort(context, ApiError(400, message))
         after = await _workflow_id(request.after, context) if request.after else None
+        # Protobuf strings may hold NUL, which PostgreSQL refuses in a bound value.
+        labels = [name + value for name, value in request.labels.items()]
+        for param, texts in (("variant", [request.variant]), ("labels", labels)):
+            for text in texts:
+                try:
+                    check_text(f"{param}:", text, param=param)
+                except InvalidRequest as exc:
+                    await _abort(context, ApiError(400, str(exc), param=param))
         wanted = WorkflowFilter(
             status=_STATUS_NAMES.get(request.status),
             variant=request.variant or None,

@@ -12,7 +12,7 @@ import uuid
 from typing import Any, Literal, cast
 
 from conductor.answer_format import AnswerFormat
-from conductor.orchestration import MAX_QUESTION_CHARS
+from conductor.orchestration import MAX_QUESTION_CHARS, text_fault
 from conductor_adapters.store.responses import StoredResponse
 from conductor_api.chat import render_question
 from conductor_api.errors import ApiError, invalid, unsupported
@@ -121,11 +121,12 @@ def _check_text(text: Any) -> None:
 
 def checked_text(text: str, param: str) -> str:
     """Text a client sent that becomes part of a question: within the question's limit, and
-    without NUL (which Postgres cannot store)."""
+    without what no store or provider takes (``text_fault``: NUL, lone surrogates)."""
     if len(text) > MAX_QUESTION_CHARS:
         raise invalid(param, f"longer than {MAX_QUESTION_CHARS} characters")
-    if "\x00" in text:
-        raise invalid(param, "must not contain a NUL character (\\u0000)")
+    fault = text_fault(text)
+    if fault is not None:
+        raise invalid(param, f"must not contain {fault}")
     return text
 
 

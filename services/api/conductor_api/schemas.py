@@ -20,7 +20,7 @@ from pydantic import (
     field_validator,
 )
 
-from conductor.orchestration import MAX_QUESTION_CHARS
+from conductor.orchestration import MAX_QUESTION_CHARS, text_fault
 from conductor.variants import MAX_STEPS_LIMIT
 from conductor.workflow import AttemptRecord, PlanOutcome, StepRecord
 from conductor_adapters.webhooks import DeliveryView
@@ -33,17 +33,19 @@ MAX_LABEL_VALUE_CHARS = 512
 
 
 def _no_nul(value: str) -> str:
-    # PostgreSQL cannot store NUL; refused on every store alike, the field named in the 400.
-    if "\x00" in value:
-        raise ValueError("must not contain a NUL character (\\u0000)")
+    # NUL (PostgreSQL cannot store it) or a lone surrogate: refused on every store alike, the
+    # field named in the 400.
+    fault = text_fault(value)
+    if fault is not None:
+        raise ValueError(f"must not contain {fault}")
     return value
 
 
 NoNul = AfterValidator(_no_nul)
 Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS), NoNul]
 LabelValue = Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE_CHARS), NoNul]
-# Message content, checked for NUL by its message (a check inside the content's union would put
-# pydantic's union member names into the error's param).
+# Message content, checked for NUL and lone surrogates by its message (a check inside the
+# content's union would put pydantic's union member names into the error's param).
 ContentText = Annotated[str, StringConstraints(max_length=MAX_QUESTION_CHARS)]
 Text = Annotated[ContentText, NoNul]
 CostWeight = Annotated[
@@ -98,11 +100,15 @@ class ChatMessageIn(BaseModel):
     tool_calls: list[Any] | None = Field(default=None, max_length=128)
     tool_call_id: str | None = Field(default=None, min_length=1, max_length=200)
 
-    @field_validator("content")
+    @field_validator("content", mode="before")
     @classmethod
-    def _check_content(cls, content: str | list[ContentPart] | None) -> Any:
-        if content is not None:
-            _no_nul(content if isinstance(content, str) else "".join(p.text or "" for p in content))
+    def _check_content(cls, content: Any) -> Any:
+        # Before the union parses it: a lone surrogate fails there, and the union's errors
+        # would name its members (content.constrained-str) rather than the field.
+        texts: list[Any] = [content] if isinstance(content, str) else []
+        if isinstance(content, list):
+            texts = [p.get("text") for p in content if isinstance(p, dict)]
+        _no_nul("".join(t for t in texts if isinstance(t, str)))
         return content
 
     @property

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import uvicorn
 
+from conductor_adapters.rpc.guard import RequestGuard
 from conductor_api.app import create_app
 from conductor_api.grpc_service import add_workflows_service, mark_serving
 from conductor_api.service import WorkflowService
@@ -78,7 +79,7 @@ async def serve_api(
     try:
         grpc_address = None
         if grpc_port is not None:
-            grpc_server = grpc.aio.server()
+            grpc_server = grpc.aio.server(interceptors=[RequestGuard()])
             grpc_health = add_workflows_service(grpc_server, service, open_access=open_access)
             bound = grpc_server.add_insecure_port(f"{host}:{grpc_port}")
             await grpc_server.start()

@@ -24,7 +24,7 @@ from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage, Sampling, ToolUse
 from conductor.errors import InvalidRequest
 from conductor.machine import FINAL_EVENT_KINDS
-from conductor.orchestration import check_no_nul, check_question
+from conductor.orchestration import check_question, check_text
 from conductor.pool import Pool
 from conductor.ports import StepCallResult
 from conductor.variants import MAX_STEPS_LIMIT, Variant, get_variant
@@ -106,7 +106,7 @@ def check_labels(labels: Mapping[str, str], field: str) -> None:
                 param=field,
             )
         try:
-            check_no_nul(f"the label {key!r}", key + value)
+            check_text(f"the label {key!r}", key + value)
         except InvalidRequest as exc:
             raise InvalidRequest(f"{field}: {exc}", param=field) from None
 
@@ -327,6 +327,18 @@ class WorkflowService(ABC):
         if requested is None:
             return None if caller.allowed_pool is None else list(caller.allowed_pool)
         wanted = list(dict.fromkeys(requested))
+        if caller.allowed_pool is not None:
+            # One answer whether a name is in the pool or not: a key limited to some workers
+            # learns nothing of the others, not even which names exist.
+            allowed = self.allowed_workers(caller)
+            refused = [n for n in wanted if n not in allowed]
+            if refused:
+                raise InvalidRequest(
+                    f"{fields.pool}: this API key may not use {', '.join(refused)} "
+                    f"(allowed: {', '.join(allowed) or 'none'})",
+                    param=fields.pool,
+                )
+            return wanted
         unknown = [n for n in wanted if n not in self.worker_names]
         if unknown:
             raise InvalidRequest(
@@ -334,14 +346,6 @@ class WorkflowService(ABC):
                 f"(known: {', '.join(self.worker_names)})",
                 param=fields.pool,
             )
-        if caller.allowed_pool is not None:
-            refused = [n for n in wanted if n not in caller.allowed_pool]
-            if refused:
-                raise InvalidRequest(
-                    f"{fields.pool}: this API key may not use {', '.join(refused)} "
-                    f"(allowed: {', '.join(caller.allowed_pool)})",
-                    param=fields.pool,
-                )
         return wanted
 
     def submission(
