@@ -288,7 +288,7 @@ def ask(view: KubeletView, key: str, model: str) -> int:
     for pod, containers in view.items():
         for container in containers.values():
             for name, port in container["ports"].items():
-                if name not in ("metrics", "http"):
+                if name != "metrics":  # the API's HTTP port refuses /metrics (keys exist)
                     continue
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                     lines = r.read().decode().splitlines()

@@ -123,8 +123,10 @@ class Settings(BaseSettings):
             return value
         return tuple(h.strip().lower() for h in value.split(",") if h.strip())
 
-    # planner, aggregator, gateway: serve /metrics, /healthz and /readyz on this HTTP port
-    # (0: any free port). Unset: none, so several processes on one machine never collide.
+    # Every server role (planner, aggregator, gateway, api, serve): serve /metrics, /healthz
+    # and /readyz on this HTTP port (0: any free port). Unset: none, so several processes on
+    # one machine never collide. The API's /metrics (every tenant's figures) is served there
+    # alone once API keys exist: its own port stays for clients.
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
 
 

@@ -91,10 +91,13 @@ def reachable(address: Address, allowed: Sequence[Network]) -> bool:
 
 def _literal(host: str) -> Address | None:
     """The address ``host`` spells, in any form a connection would read it (``127.1`` and
-    ``2130706433`` are 127.0.0.1); None for a name. No lookup: AI_NUMERICHOST."""
+    ``2130706433`` are 127.0.0.1); None for a name. No lookup: AI_NUMERICHOST. An IPv6 zone
+    (``fe80::1%25eth0``, RFC 6874) is judged without it, as the address it scopes, and a
+    trailing dot (``127.0.0.1.``) is the root of the DNS: an address all the same."""
+    address = host.replace("%25", "%").split("%", 1)[0].rstrip(".")
     try:  # bytes: a str host would go through the idna codec, which refuses some names
-        found = socket.getaddrinfo(host.encode("ascii"), None, flags=socket.AI_NUMERICHOST)
-    except socket.gaierror:
+        found = socket.getaddrinfo(address.encode("ascii"), None, flags=socket.AI_NUMERICHOST)
+    except (socket.gaierror, UnicodeEncodeError):
         return None
     return ip_address(found[0][4][0])
 

@@ -71,6 +71,7 @@ def serve(
                 open_access=open_access,
                 cors_origins=settings.cors_origins,
                 allowed_hosts=settings.allowed_hosts,
+                metrics_port=settings.metrics_port,
                 on_ready=lambda at: _ready("serve", at),
             )
         finally:
@@ -132,6 +133,7 @@ def api(
             grpc_port=None if grpc_port < 0 else grpc_port,
             cors_origins=settings.cors_origins,
             allowed_hosts=settings.allowed_hosts,
+            metrics_port=settings.metrics_port,
             on_ready=lambda at: _ready("api", at),
         )
 
@@ -144,7 +146,8 @@ def api(
 
 def _ready(role: str, at: Listening) -> None:
     grpc_part = f", gRPC on {at.grpc_address}" if at.grpc_address else ""
-    typer.echo(f"conductor {role}: serving on {at.http_url}{grpc_part}", err=False)
+    metrics_part = f", metrics on {at.metrics_url}/metrics" if at.metrics_url else ""
+    typer.echo(f"conductor {role}: serving on {at.http_url}{grpc_part}{metrics_part}", err=False)
 
 
 def _is_loopback(host: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,6 +32,7 @@ from sqlalchemy import func, select
 from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
 from conductor_adapters.store.keys import KEY_CACHE_S, create_key, revoke_key
 from conductor_adapters.store.models import attempt_table, workflow_table
+from conductor_api import app as conductor_app
 
 from fakes.api_fixture import (
     ANSWER,
@@ -43,6 +45,7 @@ from fakes.api_fixture import (
 )
 from fakes.api_server import LiveApi, scripted_service
 from fakes.metrics import samples
+from fakes.scripted import ScriptedWorker
 
 
 def _workflow(api: Api, workflow_id: str, key: str | None = None) -> dict[str, Any]:
@@ -1128,12 +1131,25 @@ def test_health_readiness_metrics_and_openapi(api: Api) -> None:
     api.client().chat.completions.create(model="conductor-mini", messages=QUESTION)
     with httpx.Client(base_url=api.url, timeout=10) as http:
         health, ready = http.get("/healthz"), http.get("/readyz")
-        metrics, schema = http.get("/metrics"), http.get("/openapi.json")
+        schema = http.get("/openapi.json")
         unknown = http.get("/v1/nothing-here")
+        # Pages that would load scripts from a CDN: not served
+        viewers = [http.get(path).status_code for path in ("/docs", "/redoc")]
+        # Every tenant's figures: not on the clients' port once keys exist, key or none
+        key = {"Authorization": f"Bearer {api.key}"}
+        public = [http.get("/metrics"), http.get("/metrics", headers=key)]
+    with httpx.Client(base_url=api.server.metrics_url, timeout=10) as http:
+        metrics = http.get("/metrics")
+        port_probes = http.get("/healthz"), http.get("/readyz")
 
     assert health.json() == {"status": "ok"}
     assert ready.status_code == 200, ready.text
     assert ready.json()["status"] == "ready"
+    for refused in public:
+        assert refused.status_code == 403
+        assert "CONDUCTOR_METRICS_PORT" in refused.json()["error"]["message"]
+        assert "conductor_api_tokens" not in refused.text
+    assert [probe.status_code for probe in port_probes] == [200, 200]
     assert 'route="/v1/chat/completions",status="200"' in metrics.text
     assert "conductor_workflows_submitted_total" in metrics.text
     # The completion's workflow, its tokens and cost, by tenant and variant (the module's
@@ -1156,6 +1172,7 @@ def test_health_readiness_metrics_and_openapi(api: Api) -> None:
     } <= set(paths)
     assert unknown.status_code == 404
     assert unknown.json()["error"]["code"] == "not_found"
+    assert viewers == [404, 404]
 
 
 def test_every_operation_documents_what_it_answers(api: Api) -> None:
@@ -1191,10 +1208,16 @@ def test_an_open_server_takes_any_key_until_one_exists(tmp_path: Path) -> None:
     try:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="anything", max_retries=0)
         response = client.chat.completions.create(model="conductor-mini", messages=QUESTION)
+        with httpx.Client(base_url=server.url) as http:
+            open_metrics = http.get("/metrics")  # one tenant, the local one: served
         made = create_key(server.service.engine, "acme")
         time.sleep(KEY_CACHE_S)  # the open answer is reused this long
         with pytest.raises(openai.AuthenticationError):
             client.models.list()
+        with httpx.Client(base_url=server.url) as http:
+            assert http.get("/metrics").status_code == 403
+        assert open_metrics.status_code == 200
+        assert "conductor_http_requests_total" in open_metrics.text
         keyed = openai.OpenAI(base_url=f"{server.url}/v1", api_key=made.secret, max_retries=0)
         assert keyed.models.list().data
         # The open workflow belongs to tenant "default", not to the new key's tenant.
@@ -1312,3 +1335,47 @@ def test_a_streamed_body_over_the_limit_is_413(api: Api) -> None:
         )
     assert response.status_code == 413, response.text
     assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_body_that_stalls_is_408_and_the_connection_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that stops mid-upload no longer holds the connection for as long as it likes."""
+    monkeypatch.setattr(conductor_app, "BODY_STALL_S", 0.5)
+    url = f"sqlite:///{tmp_path / 'conductor.db'}"
+    server = LiveApi(lambda: scripted_service(url, scripted_workers()), open_access=True)
+    try:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            started = time.monotonic()
+            conn.sendall(
+                b"POST /v1/workflows HTTP/1.1\r\nHost: localhost\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+                b'{"question": "6 *'  # and nothing more
+            )
+            reply = b""
+            while chunk := conn.recv(65536):  # until the server closes the connection
+                reply += chunk
+            waited = time.monotonic() - started
+    finally:
+        server.close()
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert b"request_timeout" in reply
+    assert waited < 5
+
+
+def test_a_complete_body_is_not_timed_out_while_its_answer_streams(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the body is in, reads wait for the client's disconnect: a stream outlives the stall."""
+    monkeypatch.setattr(conductor_app, "BODY_STALL_S", 0.2)
+    url = f"sqlite:///{tmp_path / 'conductor.db'}"
+    workers = [ScriptedWorker("alpha", delay_s=1.0, answer=lambda _: "slow and sure")]
+    server = LiveApi(lambda: scripted_service(url, workers), open_access=True)
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="any", max_retries=0)
+        stream = client.chat.completions.create(model="alpha", messages=QUESTION, stream=True)
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    finally:
+        server.close()
+    assert text == "slow and sure"

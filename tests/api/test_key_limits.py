@@ -95,7 +95,7 @@ def test_a_budget_stops_its_key_until_the_period_ends(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'conductor.db'}"
     price = Price(input=100.0, output=100.0)  # USD per million tokens
     workers = [ScriptedWorker("alpha"), ScriptedWorker("beta")]
-    server = LiveApi(lambda: scripted_service(url, workers, price=price))
+    server = LiveApi(lambda: scripted_service(url, workers, price=price), metrics_port=0)
     try:
         limits = KeyLimits(budget_usd=0.001, budget_period="day")
         key = create_key(server.service.engine, "acme", limits=limits)
@@ -106,7 +106,7 @@ def test_a_budget_stops_its_key_until_the_period_ends(tmp_path: Path) -> None:
         first = _post(server.url, key.secret, "/v1/chat/completions", **chat)
         second = _post(server.url, key.secret, "/v1/chat/completions", **chat)
         unlimited = _post(server.url, other, "/v1/chat/completions", **chat)
-        with httpx.Client(base_url=server.url) as http:
+        with httpx.Client(base_url=server.metrics_url) as http:
             metrics = samples(http.get("/metrics").text)
     finally:
         server.close()

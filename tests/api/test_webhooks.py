@@ -136,6 +136,10 @@ def test_a_callback_url_needs_a_key_that_signs(api: Api) -> None:
         "http://10.1.2.3/hooks",
         "http://[fd00::1]:8080/hooks",
         "http://0x7f.1:8080/hooks",  # 127.0.0.1, as a connection would read it
+        "http://127.0.0.1./hooks",  # a trailing dot: still an address
+        "http://10.1.2.3../hooks",
+        "http://[fe80::1%25eth0]/hooks",  # an IPv6 zone (RFC 6874): judged without it
+        "http://[::1%25lo]:8080/hooks",
     ],
 )
 def test_a_callback_to_an_internal_address_is_refused_naming_callback_url(

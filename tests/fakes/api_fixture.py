@@ -115,7 +115,8 @@ def running_api(
                     fallbacks=FALLBACKS,
                     quotas=QUOTAS,
                     providers=PROVIDERS,
-                )
+                ),
+                metrics_port=0,
             )
         else:
             database_url: str = request.getfixturevalue("module_postgres_url")
@@ -139,7 +140,7 @@ def running_api(
                     planner_addr=running.planner_server.address,
                 )
 
-            server = LiveApi(distributed_service)
+            server = LiveApi(distributed_service, metrics_port=0)
         stack.callback(server.close)
         engine = server.service.engine
         yield Api(

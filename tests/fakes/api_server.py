@@ -41,6 +41,7 @@ class LiveApi:
         open_access: bool = False,
         cors_origins: Sequence[str] = (),
         allowed_hosts: Sequence[str] = (),
+        metrics_port: int | None = None,
     ):
         self.loop = LoopThread("test-api-loop")
         self._stop = asyncio.Event()
@@ -61,6 +62,7 @@ class LiveApi:
                 open_access=open_access,
                 cors_origins=cors_origins,
                 allowed_hosts=allowed_hosts,
+                metrics_port=metrics_port,
                 on_ready=ready,
                 stop=self._stop,
                 grace_s=1,
@@ -75,6 +77,13 @@ class LiveApi:
     def url(self) -> str:
         assert self._listening is not None
         return self._listening.http_url
+
+    @property
+    def metrics_url(self) -> str:
+        """Where /metrics is served once keys exist (given ``metrics_port``)."""
+        assert self._listening is not None
+        assert self._listening.metrics_url is not None
+        return self._listening.metrics_url
 
     @property
     def grpc_address(self) -> str:

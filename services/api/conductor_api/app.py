@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Sequence
 from typing import Any
@@ -15,26 +16,35 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 import conductor
 from conductor_api import chat, jobs, responses, stats, ui
 from conductor_api.admission import LimitHeaders
-from conductor_api.errors import error_body, install_error_handlers
+from conductor_api.errors import ApiError, error_body, install_error_handlers
 from conductor_api.hosts import HostCheck
 from conductor_api.metrics import ApiMetrics, MetricsMiddleware
 from conductor_api.schemas import ErrorResponse
 from conductor_api.service import WorkflowService
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
+# How long the body of a request may stall (no byte arriving) before it is refused with 408:
+# a client that stops mid-upload would otherwise hold the connection, and a worker's memory,
+# for as long as it likes. Generous: a 2 MiB body on a slow link arrives in far less.
+BODY_STALL_S = 30.0
 
 
 class BodyLimit:
-    """Refuses request bodies over ``limit`` bytes with a 413, declared or streamed.
+    """Refuses request bodies over ``limit`` bytes with a 413, declared or streamed, and bodies
+    that stall for ``stall_s`` seconds with a 408.
 
-    A streamed body is counted as the app reads it; past the limit the read fails, and
-    whatever the app answers to that (FastAPI: a 400 "error parsing the body") is replaced by
-    the 413.
+    A streamed body is counted as the app reads it; past the limit (or the stall) the read
+    fails, and whatever the app answers to that (FastAPI: a 400 "error parsing the body") is
+    replaced by the refusal. Once the body is complete, reads are left alone: a streaming
+    response waits on them for the client's disconnect, for as long as it streams.
     """
 
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: int = MAX_BODY_BYTES, stall_s: float | None = None
+    ) -> None:
         self.app = app
         self.limit = limit
+        self.stall_s = BODY_STALL_S if stall_s is None else stall_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -42,43 +52,62 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._refuse(send)
+            await _refuse(send, 413, f"request body over {self.limit} bytes", "request_too_large")
             return
         received = 0
-        exceeded = replied = False
+        body_done = False
+        refusal: tuple[int, str, str] | None = None
+        replied = False
 
         async def counted() -> Message:
-            nonlocal received, exceeded
-            message = await receive()
+            nonlocal received, body_done, refusal
+            if body_done:
+                return await receive()
+            try:
+                async with asyncio.timeout(self.stall_s):  # no task of its own, unlike wait_for
+                    message = await receive()
+            except TimeoutError:
+                refusal = (
+                    408,
+                    f"the request body stalled: no byte in {self.stall_s:g} s",
+                    "request_timeout",
+                )
+                raise _Refused from None
             if message["type"] == "http.request":
+                body_done = not message.get("more_body", False)
                 received += len(message.get("body", b""))
                 if received > self.limit:
-                    exceeded = True
-                    raise _TooLarge
+                    refusal = (413, f"request body over {self.limit} bytes", "request_too_large")
+                    raise _Refused
+            else:
+                body_done = True  # a disconnect: nothing more will arrive
             return message
 
         async def guarded(message: Message) -> None:
             nonlocal replied
-            if exceeded:
+            if refusal is not None:
                 if not replied:
                     replied = True
-                    await self._refuse(send)
+                    await _refuse(send, *refusal)
                 return
             replied = True
             await send(message)
 
-        with contextlib.suppress(_TooLarge):
+        with contextlib.suppress(_Refused):
             await self.app(scope, counted, guarded)
-        if exceeded and not replied:
-            await self._refuse(send)
-
-    async def _refuse(self, send: Send) -> None:
-        message = f"request body over {self.limit} bytes"
-        response = JSONResponse(error_body(413, message, code="request_too_large"), status_code=413)
-        await response({"type": "http"}, _no_body, send)
+        if refusal is not None and not replied:
+            await _refuse(send, *refusal)
 
 
-class _TooLarge(Exception):
+async def _refuse(send: Send, status: int, message: str, code: str) -> None:
+    # Connection: close: what is left of the body must not be read as the next request.
+    response = JSONResponse(
+        error_body(status, message, code=code), status_code=status, headers={"connection": "close"}
+    )
+    await response({"type": "http"}, _no_body, send)
+
+
+class _Refused(Exception):
     pass
 
 
@@ -127,6 +156,22 @@ def _openapi_document(app: FastAPI) -> dict[str, Any]:
     return document
 
 
+METRICS_ELSEWHERE = (
+    "/metrics shows every tenant's usage, so with API keys it is served on the metrics port "
+    "only: set CONDUCTOR_METRICS_PORT and scrape that port"
+)
+
+
+async def readiness(service: WorkflowService) -> tuple[bool, dict[str, str]]:
+    """Whether ``service`` is ready, and the body that says so: status, mode and each check
+    (the advisory ones reported, not required)."""
+    checks = await service.readiness()
+    ready = all(
+        value == "ok" for name, value in checks.items() if name not in service.advisory_checks
+    )
+    return ready, {"status": "ready" if ready else "not ready", "mode": service.mode, **checks}
+
+
 def create_app(
     service: WorkflowService,
     *,
@@ -139,6 +184,10 @@ def create_app(
     app = FastAPI(
         title="Conductor API",
         version=conductor.__version__,
+        # No /docs or /redoc: their pages load scripts from a CDN (no CSP can vouch for them,
+        # and offline they are blank). /openapi.json stays, for any viewer or generator.
+        docs_url=None,
+        redoc_url=None,
         description=(
             "OpenAI-compatible chat completions answered by Conductor workflows, the job API "
             "for workflows, and operations endpoints. Authenticate with "
@@ -164,36 +213,44 @@ def create_app(
         """The process answers (liveness)."""
         return {"status": "ok"}
 
-    readiness = {"application/json": {"schema": {"$ref": "#/components/schemas/Readiness"}}}
+    ready_body = {"application/json": {"schema": {"$ref": "#/components/schemas/Readiness"}}}
 
     @app.get(
         "/readyz",
         tags=["Operations"],
         response_class=JSONResponse,
         responses={
-            200: {"description": "Ready", "content": readiness},
-            503: {"description": "Not ready", "content": readiness},
+            200: {"description": "Ready", "content": ready_body},
+            503: {"description": "Not ready", "content": ready_body},
         },
     )
     async def readyz() -> JSONResponse:
         """Database, broker and Redis (distributed; the planner is reported, not required) or
         database and workers (embedded)."""
-        checks = await service.readiness()
-        ready = all(
-            value == "ok" for name, value in checks.items() if name not in service.advisory_checks
-        )
-        body = {"status": "ready" if ready else "not ready", "mode": service.mode, **checks}
+        ready, body = await readiness(service)
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get(
         "/metrics",
         tags=["Operations"],
         response_class=Response,
-        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+        responses={
+            200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+            403: {
+                "description": "API keys exist: scrape the metrics port instead",
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}
+                },
+            },
+        },
     )
     async def prometheus() -> Response:
-        """Prometheus text format."""
-        return metrics.exposition()
+        """Prometheus text format, here only while the server is open (no API key exists).
+        The metrics name every tenant, key and worker, so once keys exist they are served on
+        the metrics port (CONDUCTOR_METRICS_PORT) alone, which ops expose to Prometheus only."""
+        if open_access and not await service.keys.any_key_exists():
+            return metrics.exposition()
+        raise ApiError(403, METRICS_ELSEWHERE, code="metrics_on_metrics_port")
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

@@ -18,8 +18,9 @@ from typing import Any
 import grpc
 import uvicorn
 
+from conductor_adapters.metrics_server import MetricsServer
 from conductor_adapters.rpc.guard import RequestGuard
-from conductor_api.app import create_app
+from conductor_api.app import create_app, readiness
 from conductor_api.grpc_service import add_workflows_service, mark_serving
 from conductor_api.service import WorkflowService
 
@@ -28,6 +29,7 @@ from conductor_api.service import WorkflowService
 class Listening:
     http_url: str
     grpc_address: str | None
+    metrics_url: str | None = None
 
 
 @contextlib.contextmanager
@@ -53,6 +55,15 @@ def _signals_end(server: uvicorn.Server) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def _ready_check(service: WorkflowService, loop: asyncio.AbstractEventLoop) -> Callable[[], bool]:
+    """The API's readiness for the metrics port's thread: asked on the server's loop."""
+
+    def ready() -> bool:
+        return asyncio.run_coroutine_threadsafe(readiness(service), loop).result(10)[0]
+
+    return ready
+
+
 def _http_url(server: uvicorn.Server, host: str) -> str:
     port = server.servers[0].sockets[0].getsockname()[1]
     return f"http://{host}:{port}"
@@ -67,15 +78,18 @@ async def serve_api(
     open_access: bool = False,
     cors_origins: Sequence[str] = (),
     allowed_hosts: Sequence[str] = (),
+    metrics_port: int | None = None,
     grace_s: float = 10.0,
     on_ready: Callable[[Listening], None] = lambda _: None,
     stop: asyncio.Event | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM (or ``stop`` is set, for servers on a thread); ``on_ready``
-    hears where, once both ports listen."""
+    hears where, once every port listens. ``metrics_port``: serve /metrics (every tenant's
+    figures), /healthz and /readyz there too, for Prometheus (None: no such port)."""
     await service.start()
     grpc_server: grpc.aio.Server | None = None
     grpc_health: Any = None
+    metrics_server: MetricsServer | None = None
     try:
         grpc_address = None
         if grpc_port is not None:
@@ -85,13 +99,23 @@ async def serve_api(
             await grpc_server.start()
             await mark_serving(grpc_health)
             grpc_address = f"{host}:{bound}"
+        app = create_app(
+            service,
+            open_access=open_access,
+            cors_origins=cors_origins,
+            allowed_hosts=allowed_hosts,
+        )
+        metrics_url = None
+        if metrics_port is not None:
+            metrics_server = MetricsServer(
+                app.state.metrics.registry,
+                port=metrics_port,
+                host=host,
+                ready=_ready_check(service, asyncio.get_running_loop()),
+            ).start()
+            metrics_url = f"http://{host}:{metrics_server.port}"
         config = uvicorn.Config(
-            create_app(
-                service,
-                open_access=open_access,
-                cors_origins=cors_origins,
-                allowed_hosts=allowed_hosts,
-            ),
+            app,
             host=host,
             port=port,
             log_level="warning",
@@ -106,7 +130,7 @@ async def serve_api(
                 if server.should_exit:
                     return
                 await asyncio.sleep(0.05)
-            on_ready(Listening(_http_url(server, host), grpc_address))
+            on_ready(Listening(_http_url(server, host), grpc_address, metrics_url))
 
         async def stop_on_request() -> None:
             if stop is not None:
@@ -119,6 +143,8 @@ async def serve_api(
         for task in helpers:
             task.cancel()
     finally:
+        if metrics_server is not None:
+            metrics_server.stop()
         if grpc_server is not None:
             if grpc_health is not None:  # health checks see the drain before it starts
                 await grpc_health.enter_graceful_shutdown()
