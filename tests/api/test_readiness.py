@@ -13,8 +13,6 @@ from conductor_api.app import create_app
 from conductor_cli.local_stack import free_port
 from conductor_cli.wiring import distributed_api_service
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
-
 
 async def _readyz(postgres_url: str, redis_url: str, prefix: str) -> httpx.Response:
     """/readyz of the distributed API on these servers, with no planner listening."""
@@ -34,10 +32,12 @@ async def _readyz(postgres_url: str, redis_url: str, prefix: str) -> httpx.Respo
 
 @pytest.mark.postgres
 @pytest.mark.broker
-async def test_a_planner_outage_is_reported_but_keeps_the_api_ready(postgres_url: str) -> None:
+async def test_a_planner_outage_is_reported_but_keeps_the_api_ready(
+    postgres_url: str, redis_url: str
+) -> None:
     # Given the distributed API with its database, broker and Redis, and no planner listening
     # When a probe asks whether it is ready
-    reply = await _readyz(postgres_url, REDIS_URL, f"readyz-{uuid.uuid4().hex}:")
+    reply = await _readyz(postgres_url, redis_url, f"readyz-{uuid.uuid4().hex}:")
 
     # Then it is: every replica shares the planner, so taking them all out of the Service
     # would only turn the API's clear errors into refused connections

@@ -325,6 +325,12 @@ def _running_steps(engine: Engine) -> int:
     return int(count or 0)
 
 
+def _amqp_url(request: pytest.FixtureRequest) -> str:
+    """The RabbitMQ vhost, asked for by the RabbitMQ variant only: the Redis variant runs
+    where no RabbitMQ is (the RabbitMQ one is then in tier ``rabbitmq``)."""
+    return str(request.getfixturevalue("amqp_url"))
+
+
 def _assert_all_ended_well(rows: list[dict[str, Any]]) -> None:
     """None lost, none stuck: completed, or failed with a stated reason."""
     for row in rows:
@@ -339,16 +345,16 @@ def test_a_gateway_and_an_aggregator_killed_mid_run_lose_nothing(
     tmp_path: Path,
     fakes: tuple[FakeOpenAIServer, FakeOpenAIServer],
     postgres_url: str,
-    amqp_url: str,
     redis_url: str,
     redis_prefix: str,
     broker: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     # Given the stack with one gateway and one aggregator, and workers that take 2 s; on the
     # Redis broker a killed consumer's messages come back after a visibility timeout, here 10 s
     workers = fakes[1]
     workers.latency_s = 2.0
-    broker_url = amqp_url if broker == "rabbitmq" else redis_url
+    broker_url = _amqp_url(request) if broker == "rabbitmq" else redis_url
     stack = _stack(
         tmp_path,
         fakes,
@@ -392,8 +398,8 @@ def test_redis_restarted_mid_run_loses_nothing(
     tmp_path: Path,
     fakes: tuple[FakeOpenAIServer, FakeOpenAIServer],
     postgres_url: str,
-    amqp_url: str,
     broker: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     # Given the stack whose quotas and event notices live in a Redis of its own, on RabbitMQ or
     # with that Redis as the broker too; workers under quotas (every call goes through Redis),
@@ -402,7 +408,7 @@ def test_redis_restarted_mid_run_loses_nothing(
     port = free_port()
     redis_process = private_redis_server(port)
     own_redis = f"redis://127.0.0.1:{port}/0"
-    broker_url = amqp_url if broker == "rabbitmq" else own_redis
+    broker_url = _amqp_url(request) if broker == "rabbitmq" else own_redis
     stack = _stack(
         tmp_path,
         fakes,

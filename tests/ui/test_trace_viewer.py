@@ -28,7 +28,7 @@ from conductor_adapters.store.keys import create_key
 from fakes.api_server import LiveApi, scripted_service
 from fakes.scripted import ScriptedWorker
 
-pytestmark = [pytest.mark.processes]
+pytestmark = [pytest.mark.processes, pytest.mark.browser]
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "ui"
 SLOW_S = 2.0  # the slow worker's call: long enough to open its workflow's page meanwhile
