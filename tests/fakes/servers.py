@@ -65,6 +65,7 @@ class _Report:
     started_s: dict[str, list[float]]
     deselected: dict[str, int]
     ran: dict[str, int]
+    failed: dict[str, int]
 
     def add_used(self, name: str, how: str, started_s: float | None = None) -> None:
         self.used.setdefault(name, [])
@@ -79,7 +80,7 @@ class _Report:
         return f"{how}, started in {' and '.join(f'{t} s' for t in times)}" if times else how
 
 
-REPORT = _Report(used={}, started_s={}, deselected={}, ran={})
+REPORT = _Report(used={}, started_s={}, deselected={}, ran={}, failed={})
 
 
 @contextmanager
@@ -213,6 +214,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     for tier in TIERS:
         if tier in report.keywords:
             REPORT.ran[tier] = REPORT.ran.get(tier, 0) + 1
+            if report.failed:
+                REPORT.failed[tier] = REPORT.failed.get(tier, 0) + 1
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -252,7 +255,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         elif tier in left_out:
             lines.append(f"tier {tier}: none selected; it could not run here: {left_out[tier]}")
         else:
-            lines.append(f"tier {tier}: {ran} {what} ran")
+            failed = REPORT.failed.get(tier, 0)
+            of_them = f", {failed} failed" if failed else ""
+            lines.append(f"tier {tier}: {what} run: {ran}{of_them}")
     terminalreporter.write_sep("=", "test servers and tiers")
     for line in lines:
         terminalreporter.write_line(line)
