@@ -8,10 +8,11 @@ starts them (to try that path on a machine with servers), ``running`` never does
 server fails the tests that need it). A URL given in ``CONDUCTOR_TEST_POSTGRES_URL`` or
 ``CONDUCTOR_TEST_REDIS_URL`` is used as it is.
 
-Two tiers need what no wheel ships: ``rabbitmq`` (the RabbitMQ-broker variants: a RabbitMQ
-running, or installed so that the session starts one) and ``browser`` (the trace viewer in
-Debian's chromium). Where this machine has neither, their tests are deselected, unless ``-m``
-names the tier or ``CONDUCTOR_TEST_REQUIRE`` does (CI sets both: there they must run). The
+Three tiers need what no wheel ships: ``rabbitmq`` (the RabbitMQ-broker variants: a RabbitMQ
+running, or installed so that the session starts one), ``browser`` (the trace viewer in
+Debian's chromium) and ``curl`` (the docs' curl examples, run with curl). Where this machine
+lacks what one needs, its tests are deselected, unless ``-m`` names the tier or
+``CONDUCTOR_TEST_REQUIRE`` does (CI names them all: there they must run). The
 run's summary says which servers were used and which tiers ran or were left out.
 """
 
@@ -47,7 +48,12 @@ DECIDED_ENV = "CONDUCTOR_TEST_TIERS_DECIDED"
 WORKER_OUTPUT = "conductor_test_servers"
 DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 AMQP_HOST, AMQP_PORT = "127.0.0.1", 5672
-TIERS = ("rabbitmq", "browser")
+TIERS = ("rabbitmq", "browser", "curl")
+WHAT = {
+    "rabbitmq": "RabbitMQ-broker variants",
+    "browser": "browser tests",
+    "curl": "tests of the docs' curl examples",
+}
 
 
 def mode() -> str:
@@ -157,6 +163,10 @@ def _browser_here() -> str | None:
     return "Debian's chromium is not installed (apt-get install chromium)"
 
 
+def _curl_here() -> str | None:
+    return None if shutil.which("curl") else "curl is not installed (apt-get install curl)"
+
+
 def _decide(config: pytest.Config) -> dict[str, str]:
     """The tiers this run leaves out, with the reason: decided once, by the controller."""
     decided = os.environ.get(DECIDED_ENV)
@@ -165,7 +175,9 @@ def _decide(config: pytest.Config) -> dict[str, str]:
     required = {name.strip() for name in os.environ.get(REQUIRE_ENV, "").split(",")}
     selected = set(re.findall(r"\w+", config.getoption("markexpr") or ""))
     out: dict[str, str] = {}
-    for tier, why_not in (("rabbitmq", _rabbitmq_here()), ("browser", _browser_here())):
+    checks = (("rabbitmq", _rabbitmq_here), ("browser", _browser_here), ("curl", _curl_here))
+    for tier, check in checks:
+        why_not = check()
         if why_not is not None and tier not in required and tier not in selected:
             out[tier] = why_not
     os.environ[DECIDED_ENV] = json.dumps(out)
@@ -246,7 +258,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     left_out = config.stash[_LEFT_OUT]
     for tier in TIERS:
         ran, dropped = REPORT.ran.get(tier, 0), REPORT.deselected.get(tier, 0)
-        what = "RabbitMQ-broker variants" if tier == "rabbitmq" else "browser tests"
+        what = WHAT[tier]
         if dropped:
             lines.append(
                 f"tier {tier}: {dropped} {what} NOT RUN here: {left_out.get(tier, '')}; "
