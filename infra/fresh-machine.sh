@@ -6,7 +6,9 @@
 #      PostgreSQL, Redis, RabbitMQ, chromium or compiler (checked inside before anything runs),
 #      on a network of its own (its loopback is not this machine's, where servers run). Then the
 #      one system library the README asks for (libgomp1: the OpenMP runtime the llama.cpp
-#      engine's wheel links to; nearly every Linux has it, a minimal Debian does not)
+#      engine's wheel links to; nearly every Linux has it, a minimal Debian does not), and,
+#      before the test command, the C compiler and Python headers it asks for (pycosat, which
+#      reasoning-gym pins, has no wheel on PyPI)
 #   2. a clean clone of this repository's HEAD (committed files only) copied into /root/conductor
 #   3. the README's "Run it" command block, then its "Test it" block, read from the clone's
 #      README and run line by line, as written, in one bash shell in the clone (the first
@@ -105,6 +107,14 @@ def block(heading: str) -> list[str]:
 
 script = ["cd /root/conductor"]
 for name, heading in (("run-it", "Run it"), ("test-it", "Test it")):
+    if name == "test-it":
+        # The test extras' one package without a wheel (pycosat, pinned by reasoning-gym) is
+        # compiled: the README asks for a C compiler and Python's headers.
+        script.append("echo 'FRESH: apt-get install gcc libc6-dev python3-dev (the README asks)'")
+        script.append(
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "
+            "gcc libc6-dev python3-dev >/dev/null || exit 4"
+        )
     script.append(f"echo '== README {heading}'; started=$SECONDS")
     for line in block(heading):
         if test_args and line.startswith("python -m pytest"):
