@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,9 +15,16 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import conductor
+from conductor.orchestration import text_fault
 from conductor_api import chat, jobs, responses, stats, ui
 from conductor_api.admission import LimitHeaders
-from conductor_api.errors import ApiError, error_body, install_error_handlers
+from conductor_api.errors import (
+    ApiError,
+    error_body,
+    error_response,
+    install_error_handlers,
+    invalid,
+)
 from conductor_api.hosts import HostCheck
 from conductor_api.metrics import ApiMetrics, MetricsMiddleware
 from conductor_api.schemas import ErrorResponse
@@ -105,6 +113,38 @@ async def _refuse(send: Send, status: int, message: str, code: str) -> None:
         error_body(status, message, code=code), status_code=status, headers={"connection": "close"}
     )
     await response({"type": "http"}, _no_body, send)
+
+
+class QueryText:
+    """Refuses a query parameter whose value is not UTF-8 or holds what ``text_fault`` finds,
+    with a 400 naming it, before any route reads it: Starlette would decode bad bytes to
+    replacement characters (a filter then matches nothing, silently), and a NUL reaches
+    PostgreSQL as a bound value (a 500)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = query_fault(scope.get("query_string", b"")) if scope["type"] == "http" else None
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        await error_response(refusal)(scope, receive, send)
+
+
+def query_fault(query: bytes) -> ApiError | None:
+    """The refusal for the first bad value in a raw query string, if any."""
+    for part in query.split(b"&"):
+        raw_name, _, raw_value = part.partition(b"=")
+        name = urllib.parse.unquote_plus(raw_name.decode("latin-1"), errors="replace")
+        try:
+            value = urllib.parse.unquote_to_bytes(raw_value.replace(b"+", b" ")).decode("utf-8")
+        except UnicodeDecodeError:
+            return invalid(name, "must be UTF-8 (an overlong form, an encoded surrogate?)")
+        fault = text_fault(value)
+        if fault is not None:
+            return invalid(name, f"must not contain {fault}")
+    return None
 
 
 class _Refused(Exception):
@@ -259,6 +299,7 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
     app.add_middleware(BodyLimit)
+    app.add_middleware(QueryText)
     app.add_middleware(
         HostCheck, service=service, open_access=open_access, allowed_hosts=allowed_hosts
     )

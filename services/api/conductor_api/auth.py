@@ -8,10 +8,12 @@ every request needs a live key.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, cast
 
 from fastapi import Depends, Request
 
+from conductor.errors import DatabaseUnavailableError
+from conductor_adapters.store.db import database_down
 from conductor_api.errors import ApiError
 from conductor_api.service import Caller, WorkflowService
 
@@ -23,11 +25,30 @@ MISSING_KEY = (
 
 
 async def current_caller(request: Request) -> Caller:
-    return await identify(
-        request.app.state.service,
-        request.headers.get("authorization", ""),
-        open_access=request.app.state.open_access,
-    )
+    try:
+        return await identify(
+            request.app.state.service,
+            request.headers.get("authorization", ""),
+            open_access=request.app.state.open_access,
+        )
+    except Exception as exc:
+        if not database_down(exc):
+            raise
+        # FastAPI validates a request's parameters and body after its dependencies: the
+        # caller stays unknown until a route reads it (the 503), so that a request's own
+        # faults are still answered 400 while the database is down.
+        return cast(Caller, _Unidentified(exc))
+
+
+class _Unidentified:
+    """A caller the database could not identify: reading anything of it raises
+    DatabaseUnavailableError (the 503), so no route can act for it."""
+
+    def __init__(self, cause: BaseException) -> None:
+        self._cause = cause
+
+    def __getattr__(self, name: str) -> Any:
+        raise DatabaseUnavailableError(f"cannot check the API key: {self._cause}") from self._cause
 
 
 async def identify(service: WorkflowService, authorization: str, *, open_access: bool) -> Caller:

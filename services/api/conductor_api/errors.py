@@ -7,7 +7,9 @@ what was wrong and how to fix it, and nothing internal (or secret) leaks into it
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,8 +18,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from conductor.errors import DatabaseUnavailableError, InvalidRequest
+from conductor_adapters.store.db import database_down
 
 logger = logging.getLogger(__name__)
+
+# What surrogateescape makes of bytes that are not UTF-8.
+_ESCAPED = re.compile("[\udc80-\udcff]")
 
 _TYPES = {
     400: "invalid_request_error",
@@ -78,11 +84,44 @@ def runs_elsewhere(workflow_id: object) -> ApiError:
     )
 
 
+def _printable(text: str) -> str:
+    # A refusal may quote what the client sent (pydantic's "Input tag '...'"), and a lone
+    # surrogate in it has no UTF-8 form: the JSON answer would fail to encode, as a 500.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_body(
     status: int, message: str, *, code: str | None = None, param: str | None = None
 ) -> dict[str, Any]:
     kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    if param is not None:
+        param = _printable(param)
+    return {"error": {"message": _printable(message), "type": kind, "param": param, "code": code}}
+
+
+def _undecodable(body: bytes) -> ApiError:
+    """The 400 for a JSON body that is not UTF-8, naming the first field (or map) whose text
+    holds the bytes at fault: read with surrogateescape, they are the only lone surrogates."""
+    kinds = "an overlong form, an encoded surrogate, a stray byte"
+    try:
+        document = json.loads(body.decode("utf-8", "surrogateescape"))
+    except ValueError:
+        document = None
+    pending: list[tuple[str, Any]] = [("", document)]
+    while pending:
+        path, value = pending.pop(0)
+        if isinstance(value, str) and _ESCAPED.search(value):
+            message = f"{path}: must not contain bytes that are not UTF-8 ({kinds})"
+            return ApiError(400, message, param=path or None)
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if _ESCAPED.search(key):
+                    message = f"{path or 'the body'}: a key is not UTF-8 ({kinds})"
+                    return ApiError(400, message, param=path or None)
+                pending.append((f"{path}.{key}" if path else key, item))
+        elif isinstance(value, list):
+            pending.extend((f"{path}.{i}", item) for i, item in enumerate(value))
+    return ApiError(400, f"the request body is not UTF-8 ({kinds})")
 
 
 def error_response(error: ApiError) -> JSONResponse:
@@ -104,6 +143,17 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {message}" if param else message), param
 
 
+DATABASE_RETRY_AFTER_S = 5
+
+
+def database_unavailable_error() -> ApiError:
+    """The 503 for a request the database could not serve, whichever runtime (SDKs retry a
+    503, after Retry-After)."""
+    message = "the trace database is unavailable; nothing was started, try again later"
+    headers = {"Retry-After": str(DATABASE_RETRY_AFTER_S)}
+    return ApiError(503, message, code="database_unavailable", headers=headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
@@ -115,13 +165,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def database_unavailable(_: Request, exc: Exception) -> JSONResponse:
         logger.error("%s", exc)
-        message = "the trace database is unavailable; nothing was started, try again later"
-        return error_response(ApiError(503, message, code="database_unavailable"))
+        return error_response(database_unavailable_error())
 
     async def validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
         content_type = request.headers.get("content-type", "")
-        if request.method == "POST" and "json" not in content_type:
+        first = exc.errors()[0] if exc.errors() else {}
+        in_body = tuple(first.get("loc", ()))[:1] == ("body",)
+        if in_body and request.method == "POST" and "json" not in content_type:
             # curl -d sends a form's content type: the body was never read as JSON.
             message = (
                 "send the body as JSON with the header Content-Type: application/json "
@@ -133,10 +184,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
+        cause = exc.__cause__
+        if isinstance(cause, UnicodeDecodeError) and isinstance(cause.object, bytes):
+            return error_response(_undecodable(cause.object))  # FastAPI's "error parsing"
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return error_response(ApiError(exc.status_code, str(exc.detail), code=code))
 
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if database_down(exc):  # the database's driver's errors: refused, reset, pool full
+            return await database_unavailable(request, exc)
         logger.exception("unhandled error")
         # Not retried by the SDKs: what failed may have started work a retry would repeat.
         message = "internal error; the server log has the details"

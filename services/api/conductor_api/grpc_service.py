@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 from conductor.errors import InvalidRequest
 from conductor.machine import FINAL_EVENT_KINDS
 from conductor.orchestration import check_text
+from conductor_adapters.rpc.guard import clipped
 from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
 from conductor_api.auth import identify
 from conductor_api.errors import ApiError, not_found, runs_elsewhere
@@ -32,7 +33,8 @@ from conductor_api.reads import (
     load_events,
     load_workflow,
 )
-from conductor_api.service import Caller, WorkflowElsewhere, WorkflowService
+from conductor_api.schemas import MAX_NAME_CHARS
+from conductor_api.service import Caller, WorkflowElsewhere, WorkflowService, check_labels
 from conductor_api.wire import (
     WORKFLOW_STATUS,
     event_to_proto,
@@ -106,15 +108,18 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
         if not 1 <= limit <= MAX_PAGE_SIZE:
             message = f"limit must be 1 to {MAX_PAGE_SIZE}, not {limit}"
             await _abort(context, ApiError(400, message))
-        after = await _workflow_id(request.after, context) if request.after else None
-        # Protobuf strings may hold NUL, which PostgreSQL refuses in a bound value.
-        labels = [name + value for name, value in request.labels.items()]
-        for param, texts in (("variant", [request.variant]), ("labels", labels)):
-            for text in texts:
-                try:
-                    check_text(f"{param}:", text, param=param)
-                except InvalidRequest as exc:
-                    await _abort(context, ApiError(400, str(exc), param=param))
+        after = await _workflow_id(request.after, context, "after") if request.after else None
+        # The HTTP filters' limits (gRPC's strings arrive unchecked): a NUL, which PostgreSQL
+        # refuses in a bound value, and lengths past any variant's or label's.
+        try:
+            check_labels(request.labels, "labels")
+            if len(request.variant) > MAX_NAME_CHARS:
+                raise InvalidRequest(
+                    f"variant: longer than {MAX_NAME_CHARS} characters", param="variant"
+                )
+            check_text("variant:", request.variant, param="variant")
+        except InvalidRequest as exc:
+            await _abort(context, ApiError(400, str(exc), param=exc.param))
         wanted = WorkflowFilter(
             status=_STATUS_NAMES.get(request.status),
             variant=request.variant or None,
@@ -163,15 +168,17 @@ def _time(request: Any, field: str) -> datetime | None:
     return getattr(request, field).ToDatetime(UTC) if request.HasField(field) else None
 
 
-async def _workflow_id(text: str, context: grpc.aio.ServicerContext) -> uuid.UUID:
+async def _workflow_id(
+    text: str, context: grpc.aio.ServicerContext, field: str = "workflow_id"
+) -> uuid.UUID:
     try:
         return uuid.UUID(text)
     except ValueError:
-        await _abort(context, ApiError(400, f"workflow_id {text!r} is not a UUID"))
+        await _abort(context, ApiError(400, f"{field} {text!r} is not a UUID", param=field))
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: ApiError) -> NoReturn:
-    await context.abort(_CODES.get(error.status, grpc.StatusCode.INTERNAL), error.message)
+    await context.abort(_CODES.get(error.status, grpc.StatusCode.INTERNAL), clipped(error.message))
     raise AssertionError("unreachable: abort raises")
 
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from conductor_api.schemas import (
     MAX_LABELS,
     MAX_MESSAGES,
+    ClientStr,
     CompletionUsage,
     ConductorOptions,
     LabelValue,
@@ -96,7 +97,7 @@ class ResponseCreateRequest(BaseModel):
     instructions: Text | None = Field(
         default=None, description="A system message before the input (not carried over)."
     )
-    previous_response_id: str | None = Field(
+    previous_response_id: ClientStr | None = Field(
         default=None,
         max_length=MAX_RESPONSE_ID_CHARS,
         description="A stored response to continue: its input and output come first.",
@@ -121,9 +122,9 @@ class ResponseCreateRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
     # Sent by the SDKs; accepted, echoed, no effect on the answer.
     top_p: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
-    user: str | None = Field(default=None, max_length=512)
-    safety_identifier: str | None = Field(default=None, max_length=512)
-    prompt_cache_key: str | None = Field(default=None, max_length=512)
+    user: ClientStr | None = Field(default=None, max_length=512)
+    safety_identifier: ClientStr | None = Field(default=None, max_length=512)
+    prompt_cache_key: ClientStr | None = Field(default=None, max_length=512)
     parallel_tool_calls: bool | None = Field(default=None, strict=True)
     max_tool_calls: int | None = Field(default=None, ge=0, strict=True)
     # Accepted with their neutral values only.

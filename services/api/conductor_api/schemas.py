@@ -42,6 +42,8 @@ def _no_nul(value: str) -> str:
 
 
 NoNul = AfterValidator(_no_nul)
+# Any other text a client sends: stored, echoed or passed on, so held to the same rule.
+ClientStr = Annotated[str, NoNul]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS), NoNul]
 LabelValue = Annotated[str, StringConstraints(max_length=MAX_LABEL_VALUE_CHARS), NoNul]
 # Message content, checked for NUL and lone surrogates by its message (a check inside the
@@ -84,7 +86,7 @@ class ContentPart(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    type: str = Field(max_length=64)
+    type: ClientStr = Field(max_length=64)
     text: ContentText | None = None
 
 
@@ -98,7 +100,7 @@ class ChatMessageIn(BaseModel):
     name: Name | None = None
     # An assistant turn's calls (checked where they are read, to name the one at fault).
     tool_calls: list[Any] | None = Field(default=None, max_length=128)
-    tool_call_id: str | None = Field(default=None, min_length=1, max_length=200)
+    tool_call_id: ClientStr | None = Field(default=None, min_length=1, max_length=200)
 
     @field_validator("content", mode="before")
     @classmethod
@@ -107,7 +109,8 @@ class ChatMessageIn(BaseModel):
         # would name its members (content.constrained-str) rather than the field.
         texts: list[Any] = [content] if isinstance(content, str) else []
         if isinstance(content, list):
-            texts = [p.get("text") for p in content if isinstance(p, dict)]
+            parts = [p for p in content if isinstance(p, dict)]
+            texts = [p.get(name) for p in parts for name in ("type", "text")]
         _no_nul("".join(t for t in texts if isinstance(t, str)))
         return content
 
@@ -123,8 +126,8 @@ class ChatMessageIn(BaseModel):
 class JsonSchemaSpec(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = None
+    name: ClientStr = Field(min_length=1, max_length=64)
+    description: ClientStr | None = Field(default=None, max_length=MAX_QUESTION_CHARS)
     schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
     strict: bool | None = None
 
@@ -197,7 +200,7 @@ class WorkflowSubmission(BaseModel):
     max_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS_LIMIT, strict=True)
     cost_weight: CostWeight = None
     metadata: dict[Name, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
-    callback_url: str | None = Field(
+    callback_url: ClientStr | None = Field(
         default=None,
         max_length=2048,
         description="Where the outcome is POSTed when the workflow ends, signed with the key's "

@@ -18,7 +18,14 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DisconnectionError,
+    InterfaceError,
+    OperationalError,
+    SQLAlchemyError,
+)
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.pool import StaticPool
 
 from conductor.errors import ConfigurationError, DatabaseUnavailableError
@@ -164,6 +171,22 @@ def check_schema(url: str | URL) -> None:
             f"the database {redact_url(url)} is at schema {current or 'none'}, not {head}: "
             "run `conductor db upgrade` first"
         )
+
+
+def database_down(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot be reached or used now (refused or reset
+    connections, a full pool, a full disk or a lock on SQLite), rather than that a statement
+    is wrong: a client is told to try again later (503), not that the server failed (500)."""
+    return isinstance(
+        exc,
+        (
+            DatabaseUnavailableError,
+            OperationalError,
+            InterfaceError,
+            DisconnectionError,
+            PoolTimeoutError,
+        ),
+    )
 
 
 def wait_for_database(url: str | URL, timeout_s: float = 30.0) -> None:
