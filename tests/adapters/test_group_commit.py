@@ -102,7 +102,42 @@ async def test_an_unreachable_database_fails_the_batch_without_raising(
         results = await asyncio.gather(*(commits.submit(note(n)) for n in range(3)))
     # Then each says it was not stored, and the log says why, once
     assert results == [False, False, False]
-    assert caplog.text.count("trace writes failed (3 lost): OperationalError") == 1
+    assert caplog.text.count("trace writes failed (0 held for a retry, 3 lost): Operational") == 1
+    assert commits.failing is not None
+    assert "unable to open database file" in commits.failing
+    engine.dispose()
+
+
+async def test_writes_kept_are_committed_once_the_database_takes_writes_again(
+    tmp_path: Path,
+) -> None:
+    """A full disk, a lock, a lost connection: the outcome of a workflow (kept) is committed
+    when the database is back, not lost with the submitter's False (issue 36 #10)."""
+    # Given a database that cannot take writes for now (a directory where its file goes)
+    blocked = tmp_path / "later.db"
+    blocked.mkdir()
+    engine = make_engine(f"sqlite:///{blocked}")
+    commits = GroupCommit(engine)
+    commits.retry_held_s = 0.05
+    # When a write to keep and one not to keep fail
+    kept, lost = await asyncio.gather(commits.submit(note(1), keep=True), commits.submit(note(2)))
+    # Then both say so, the kept one is held, and the store says why writes fail
+    assert (kept, lost) == (False, False)
+    assert commits.held == 1
+    assert commits.failing is not None
+    # And once the database takes writes again, the kept one is committed by itself
+    blocked.rmdir()
+    engine.dispose()
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE note (n INTEGER)"))
+    for _ in range(500):  # 10 s at most
+        if not commits.held:
+            break
+        await asyncio.sleep(0.02)
+    assert commits.held == 0
+    assert commits.failing is None
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT n FROM note")).scalars().all() == [1]
     engine.dispose()
 
 

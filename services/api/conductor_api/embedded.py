@@ -191,6 +191,11 @@ class EmbeddedWorkflows(WorkflowService):
             await asyncio.to_thread(ping)
         except Exception as exc:
             checks["database"] = f"unreachable: {type(exc).__name__}"
+        failing = self.store.commits.failing
+        if failing is not None and checks["database"] == "ok":
+            # Reads answer while writes fail (a full disk): not ready to accept work.
+            held = self.store.commits.held
+            checks["database"] = f"writes failing ({held} held for a retry): {failing}"
         if not self.worker_names:
             checks["workers"] = "no worker in the pool can be called"
         return checks

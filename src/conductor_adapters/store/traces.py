@@ -453,7 +453,10 @@ class TraceStore:
         if not events:
             return
         final = any(event.kind.final for event in events)
-        stored = self.commits.submit(self.writes.for_events(workflow, events), urgent=final)
+        # Kept: a delivery that finds the database full or away is committed once it is back,
+        # so a workflow that ended meanwhile does not stay "running" in its trace.
+        write = self.writes.for_events(workflow, events)
+        stored = self.commits.submit(write, urgent=final, keep=True)
         last = max(event.sequence for event in events)
         workflow_id = workflow.workflow_id
         stored.add_done_callback(lambda done: self._announce(done, workflow_id, last, final))
