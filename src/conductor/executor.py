@@ -32,7 +32,7 @@ from conductor.orchestration import check_question
 from conductor.pool import Pool
 from conductor.ports import Planner, StepRunner, WorkflowObserver
 from conductor.variants import Variant
-from conductor.workflow import PoolEntry, WorkflowRecord
+from conductor.workflow import AttemptRecord, PoolEntry, WorkflowRecord
 
 logger = logging.getLogger(__name__)
 
@@ -94,12 +94,13 @@ class WorkflowExecutor:
             tenant=tenant,
         )
         tasks: set[asyncio.Task[Fact]] = set()
+        late: list[Fact] = []  # the calls of steps cancelled with the workflow (see _perform)
         try:
             await self._deliver(machine)
             async with asyncio.timeout(variant.workflow_timeout_s):
                 while True:
                     for action in machine.advance():
-                        tasks.add(asyncio.create_task(self._perform(machine, action)))
+                        tasks.add(asyncio.create_task(self._perform(machine, action, late)))
                     await self._deliver(machine)
                     if not tasks or machine.state.finished:
                         break  # an ended workflow waits for nothing: the rest is cancelled
@@ -122,6 +123,8 @@ class WorkflowExecutor:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            for fact in late:
+                machine.apply(fact)
             await self._deliver(machine)
         return machine.result
 
@@ -135,14 +138,16 @@ class WorkflowExecutor:
         wanted = set(names)
         return [e for e in self.entries if e.name in wanted]
 
-    async def _perform(self, machine: WorkflowMachine, action: Action) -> Fact:
-        """Run one action; returns what happened, applied on the driver's turn."""
+    async def _perform(self, machine: WorkflowMachine, action: Action, late: list[Fact]) -> Fact:
+        """Run one action; returns what happened, applied on the driver's turn. A step call
+        cancelled with its workflow adds the calls it made to ``late``: each may be billed."""
         variant = machine.state.variant
         if isinstance(action, RequestPlan):
             try:
                 return PlanReady(action.round, await self.planner.plan(action.request))
             except Exception as exc:
                 return PlanFailed(action.round, str(exc))
+        made: list[AttemptRecord] = []  # filled by the gateway as it calls
         try:
             async with asyncio.timeout(variant.step_timeout_s):
                 call = await self.gateway.call(
@@ -150,11 +155,17 @@ class WorkflowExecutor:
                     action.messages,
                     allowed_workers=action.allowed_workers,
                     tenant=action.tenant,
+                    attempts=made,
                 )
         except TimeoutError:
-            return StepFailed(action.step, f"no answer within {variant.step_timeout_s:g} s")
+            error = f"no answer within {variant.step_timeout_s:g} s"
+            return StepFailed(action.step, error, tuple(made))
+        except asyncio.CancelledError:
+            if made:
+                late.append(StepFailed(action.step, "cancelled with its workflow", tuple(made)))
+            raise
         except Exception as exc:
-            attempts = tuple(exc.attempts) if isinstance(exc, StepCallFailed) else ()
+            attempts = tuple(exc.attempts) if isinstance(exc, StepCallFailed) else tuple(made)
             return StepFailed(action.step, step_error(exc), attempts)
         return StepSucceeded(action.step, call)
 

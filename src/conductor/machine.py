@@ -14,6 +14,7 @@ so a duplicate or late delivery changes nothing (``apply`` returns False).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -60,6 +61,9 @@ class EventKind(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # Calls that a step its workflow's end cancelled had made, reported after that end: each
+    # may be billed, so traces keep them (not streamed to clients: it follows the outcome).
+    ATTEMPTS = "attempts"
 
     @property
     def final(self) -> bool:
@@ -263,9 +267,13 @@ class WorkflowMachine:
             case PlanFailed(round=round_no, error=error):
                 return self._plan_failed(round_no, error)
             case StepSucceeded(step=index, call=call):
-                return self._step_succeeded(index, call)
+                return self._step_succeeded(index, call) or self._late_attempts(
+                    index, call.attempts
+                )
             case StepFailed(step=index, error=error, attempts=attempts):
-                return self._step_failed(index, error, list(attempts))
+                return self._step_failed(index, error, list(attempts)) or self._late_attempts(
+                    index, attempts
+                )
             case DeadlinesPassed(now=now):
                 return self._deadlines_passed(now)
             case MessagesLost():
@@ -566,6 +574,20 @@ class WorkflowMachine:
         self._fail(f"step {step.index} ({step.worker}) failed: {error}")
         return True
 
+    def _late_attempts(self, index: int, attempts: Sequence[AttemptRecord]) -> bool:
+        """The calls of a step that its workflow's end cancelled, reported after that end: the
+        trace keeps them and the totals count them (a step's first report of them stands)."""
+        step = self._step(index)
+        if step is None or step.status is not StepStatus.CANCELLED or step.attempts:
+            return False
+        if not attempts:
+            return False
+        step.attempts = list(attempts)
+        step.usage, step.cost_usd = attempts_total(step.attempts)
+        self._add_up()
+        self._emit(EventKind.ATTEMPTS, step=index)
+        return True
+
     def _fail(self, reason: str) -> bool:
         """End the workflow without an answer; steps still pending or running are cancelled."""
         if self.state.finished:
@@ -612,17 +634,21 @@ class WorkflowMachine:
             if step.status.active:
                 step.status = StepStatus.CANCELLED
                 self._mark_finished(step)
+        self._add_up()
+        self.result.finished_at = utcnow()
+        self.result.latency_ms = _ms(self.result.finished_at - self.result.created_at)
+        self._emit(kind)
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _add_up(self) -> None:
+        """The workflow's usage and cost: its planner calls' and its steps'."""
         usage, cost = Usage(), 0.0
         for call in self.result.planner_calls:
             usage, cost = usage + call.usage, cost + call.cost_usd
         for step in self.result.steps:
             usage, cost = usage + step.usage, cost + step.cost_usd
         self.result.usage, self.result.cost_usd = usage, cost
-        self.result.finished_at = utcnow()
-        self.result.latency_ms = _ms(self.result.finished_at - self.result.created_at)
-        self._emit(kind)
-
-    # -- helpers ----------------------------------------------------------------------------
 
     def _step(self, index: int) -> StepRecord | None:
         steps = self.result.steps
@@ -659,10 +685,12 @@ class WorkflowMachine:
         round: int | None = None,
         workers: list[str] | None = None,
     ) -> None:
-        # Clients number the events they stream from 1; "started" is for traces only.
-        if kind is not EventKind.STARTED:
+        # Clients number the events they stream from 1; "started" and "attempts" are for
+        # traces only (sequence 0).
+        streamed = kind not in (EventKind.STARTED, EventKind.ATTEMPTS)
+        if streamed:
             self.state.event_sequence += 1
-        sequence = self.state.event_sequence if kind is not EventKind.STARTED else 0
+        sequence = self.state.event_sequence if streamed else 0
         self.events.append(
             MachineEvent(
                 kind=kind, sequence=sequence, at=utcnow(), step=step, round=round, workers=workers
@@ -676,7 +704,7 @@ def event_subject(
     """What an event is about: the plan of its round, its step, or the whole workflow."""
     if event.kind is EventKind.PLAN:
         return next(c for c in result.planner_calls if c.round == event.round)
-    if event.kind in (EventKind.STEP_STARTED, EventKind.STEP_FINISHED):
+    if event.kind in (EventKind.STEP_STARTED, EventKind.STEP_FINISHED, EventKind.ATTEMPTS):
         assert event.step is not None
         return result.steps[event.step]
     return result

@@ -119,12 +119,16 @@ class StepRunner(Protocol):
         tenant: str | None = None,
         tools: ToolUse | None = None,
         sampling: Sampling | None = None,
+        attempts: list[AttemptRecord] | None = None,
     ) -> StepCallResult:
         """``allowed_workers``: every worker the call may reach, fallbacks included (a
         workflow's pool, an API key's pool); None: any worker of the pool. ``tenant``: whose
         call it is, for its fair turn among calls waiting on a worker's quotas. ``tools``:
         functions the worker may ask to call (only workers whose wire format has them).
-        ``sampling``: a direct call's own max_tokens and temperature (None: the worker's)."""
+        ``sampling``: a direct call's own max_tokens and temperature (None: the worker's).
+        ``attempts``: where each provider call is appended as it is made, so that a caller who
+        cancels the call still knows the calls that may be billed (a runner whose calls are
+        recorded elsewhere may leave it empty)."""
         ...
 
     async def aclose(self) -> None: ...

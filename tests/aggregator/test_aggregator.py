@@ -360,3 +360,57 @@ def test_messages_for_unknown_workflows_are_ignored(engine: Engine, loop: LoopTh
 
     assert app.sent == []
     assert _counts(engine) == (0, 0, 0)
+
+
+def test_calls_of_a_step_cancelled_with_its_workflow_are_recorded_when_they_arrive(
+    engine: Engine, loop: LoopThread
+) -> None:
+    """Every call that may be billed has an attempt row (issue 36 #12): a gateway cancelled
+    mid-storm replies with the 429s it got, after the workflow ended."""
+    # Given a workflow cancelled while its first step's call was being retried
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS])
+    workflow_id = _submit(engine)
+    aggregator.start(workflow_id)
+    [plan] = app.take(PLAN_ROUND_TASK)
+    aggregator.plan(uuid.UUID(plan[0]), plan[1])
+    [call] = app.take(CALL_WORKER_TASK)
+    aggregator.cancel(workflow_id, "cancelled by its client")
+    request = CallRequest.model_validate(call[0])
+    storm = [
+        AttemptRecord(
+            number=n,
+            worker=request.worker,
+            status="error",
+            status_code=429,
+            error="Rate limit reached",
+            started_at=utcnow(),
+        )
+        for n in (1, 2, 3)
+    ]
+    late = CallReply(
+        call_id=request.call_id,
+        ok=False,
+        error="cancelled: its workflow had ended",
+        attempts=storm,
+        context=request.context,
+    )
+    steps_before, _, events_before = _counts(engine)
+
+    # When the gateway's reply arrives, twice
+    aggregator.step_result(late)
+    aggregator.step_result(late)
+
+    # Then the cancelled step has its three calls, once, and no event is streamed after the end
+    with engine.connect() as conn:
+        statuses = conn.execute(
+            select(attempt_table.c.number, attempt_table.c.status_code).order_by(
+                attempt_table.c.number
+            )
+        ).all()
+        run = load_run(conn, workflow_id)
+    assert [tuple(s) for s in statuses] == [(1, 429), (2, 429), (3, 429)]
+    assert _counts(engine) == (steps_before, 3, events_before)
+    assert run is not None
+    assert run.state is not None
+    assert run.state.result.status is WorkflowStatus.CANCELLED
+    assert [len(s.attempts) for s in run.state.result.steps] == [3, 0]

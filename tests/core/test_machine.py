@@ -1214,6 +1214,43 @@ def test_cancelled_ends_a_running_workflow_cancelled_and_cancels_its_running_ste
     assert machine.advance() == []
 
 
+def test_calls_a_cancelled_step_made_are_recorded_when_they_are_reported_late() -> None:
+    """Each may be billed (issue 36 #12): kept on the step, counted in the totals, announced to
+    traces by an unnumbered event after the outcome; the step's first report of them stands."""
+    machine, _ = planned(ULTRA, step(ALPHA, "a"), step(BETA, "b"))
+    machine.apply(Cancelled())
+    machine.take_events()
+    calls = tuple(
+        AttemptRecord(
+            number=n,
+            worker="alpha",
+            status="error",
+            status_code=429,
+            usage=Usage(prompt_tokens=5),
+            cost_usd=0.25,
+            started_at=at(n),
+        )
+        for n in (1, 2)
+    )
+
+    recorded = machine.apply(StepFailed(0, "cancelled with its workflow", calls))
+    again = machine.apply(StepFailed(0, "cancelled with its workflow", calls[:1]))
+    untouched = machine.apply(StepFailed(1, "cancelled with its workflow", ()))
+
+    assert (recorded, again, untouched) == (True, False, False)
+    cancelled = machine.result.steps[0]
+    assert cancelled.status is StepStatus.CANCELLED
+    assert cancelled.attempts == list(calls)
+    assert (cancelled.usage.prompt_tokens, cancelled.cost_usd) == (10, 0.5)
+    assert (machine.result.usage.prompt_tokens, machine.result.cost_usd) == (
+        machine.result.planner_calls[0].usage.prompt_tokens + 10,
+        machine.result.planner_calls[0].cost_usd + 0.5,
+    )
+    [event] = machine.take_events()
+    assert (event.kind, event.sequence, event.step) == (EventKind.ATTEMPTS, 0, 0)
+    assert machine.result.status is WorkflowStatus.CANCELLED
+
+
 def test_a_finished_workflow_is_not_cancelled() -> None:
     machine, _ = planned(MINI, step(ALPHA, "a"))
     succeed(machine, 0, "42")

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 
 from conductor.chat import ChatMessage
 from conductor.errors import StepCallFailed
-from conductor.messaging import CallReply, CallRequest
+from conductor.messaging import CallReply, CallRequest, StepContext, ended_channel
 from conductor.pool import Pool, load_pool_file
 from conductor_adapters.queue import new_celery_app
 from conductor_cli.local_stack import ServiceProcess, free_port
@@ -32,7 +32,13 @@ from conductor_gateway.settings import GatewaySettings
 from fakes.brokers import private_redis_server
 from fakes.gateway_process import start_gateway, write_pool_file
 from fakes.metrics import samples
-from fakes.openai_server import FakeOpenAIServer, completion, count_tokens, openai_compatible_spec
+from fakes.openai_server import (
+    FakeOpenAIServer,
+    completion,
+    count_tokens,
+    error,
+    openai_compatible_spec,
+)
 
 pytestmark = [pytest.mark.broker, pytest.mark.processes]
 
@@ -446,3 +452,52 @@ async def test_a_gateway_stopped_by_sigterm_finishes_its_calls_and_leaves_the_re
         f"echo: Question number {n}: what is {n} + {n}?" for n in range(5)
     )
     assert len(fake_provider.chat_requests) == 5
+
+
+def test_a_call_cancelled_with_its_workflow_replies_with_the_calls_it_made(
+    fake_provider: FakeOpenAIServer, redis_url: str, redis_prefix: str
+) -> None:
+    """Issue 36 #12: the 429s a call got before its workflow ended go back with the reply
+    (the aggregator records them), rather than vanish with the cancelled call."""
+    # Given a provider in a storm of 429s, and a call of a workflow retrying through it
+    rate_limited = error(429, "Rate limit reached", headers={"Retry-After": "0.2"})
+    fake_provider.enqueue(*[rate_limited] * 20)
+    pool = Pool(workers=(openai_compatible_spec("primary", fake_provider.base_url),))
+    settings = GatewaySettings(
+        broker_url=redis_url, redis_url=redis_url, redis_prefix=redis_prefix, retry_max_attempts=20
+    )
+    process = GatewayProcess(settings, pool, build_workers(pool))
+    workflow_id = str(uuid.uuid4())
+    request = CallRequest(
+        call_id="storm-1",
+        worker="primary",
+        messages=[ChatMessage(role="user", content="What is 2 + 2?")],
+        reply_to=f"{redis_prefix}replies:storm",
+        context=StepContext(workflow_id=workflow_id, step=0, dispatch=1),
+    )
+    handled: list[CallReply] = []
+    handler = threading.Thread(
+        target=lambda: handled.append(process.handle(request, app=None)),  # type: ignore[arg-type]
+    )
+    try:
+        handler.start()
+        deadline = time.monotonic() + 20
+        while len(fake_provider.chat_requests) < 3:
+            assert time.monotonic() < deadline, "the provider was not called 3 times in 20 s"
+            time.sleep(0.02)
+        # When the aggregator announces that its workflow ended
+        with redis.Redis.from_url(redis_url) as client:
+            client.publish(ended_channel(redis_prefix), workflow_id)
+        handler.join(timeout=20)
+    finally:
+        process.close()
+
+    # Then the reply says so and carries one attempt per call the provider received
+    assert handled, "the call did not end within 20 s of its workflow"
+    [reply] = handled
+    assert not reply.ok
+    assert "its workflow had ended" in (reply.error or "")
+    assert [a.number for a in reply.attempts] == list(
+        range(1, len(fake_provider.chat_requests) + 1)
+    )
+    assert {a.status_code for a in reply.attempts} <= {429, None}

@@ -33,6 +33,7 @@ from conductor.messaging import (
 )
 from conductor.pool import Pool
 from conductor.ports import ChatWorker
+from conductor.workflow import AttemptRecord
 from conductor_adapters.loop_thread import LoopThread
 from conductor_adapters.queue import OnFirstUse, new_celery_app
 from conductor_gateway.gateway import WorkerGateway
@@ -147,6 +148,7 @@ class GatewayProcess:
         if left_s is not None and left_s <= 0:
             # It waited in the queue past its caller's deadline: nobody would read the answer.
             return CallReply(**base, ok=False, error=_expired(request, "before a gateway took it"))
+        made: list[AttemptRecord] = []  # the provider calls, as they are made
         try:
             async with asyncio.timeout(left_s):
                 result = await self.gateway.call(
@@ -156,10 +158,12 @@ class GatewayProcess:
                     tenant=request.tenant,
                     tools=request.tools,
                     sampling=request.sampling,
+                    attempts=made,
                 )
             return CallReply(**base, ok=True, result=result, attempts=result.attempts)
         except TimeoutError:
-            return CallReply(**base, ok=False, error=_expired(request, "before it was answered"))
+            error = _expired(request, "before it was answered")
+            return CallReply(**base, ok=False, error=error, attempts=made)
         except StepCallFailed as exc:
             return CallReply(**base, ok=False, error=str(exc), attempts=exc.attempts)
         except ConductorError as exc:  # unknown worker, bad configuration
@@ -167,8 +171,10 @@ class GatewayProcess:
         except asyncio.CancelledError:
             if task not in self._ended_calls:
                 raise  # the process is stopping: the message is redelivered
-            # Its workflow ended: the reply is acknowledged and ignored by the aggregator.
-            return CallReply(**base, ok=False, error="cancelled: its workflow had ended")
+            # Its workflow ended: the aggregator records only the calls made, which may be
+            # billed (429s in a storm included).
+            error = "cancelled: its workflow had ended"
+            return CallReply(**base, ok=False, error=error, attempts=made)
         finally:
             self._ended_calls.discard(task)
             if workflow_id is not None and task is not None:

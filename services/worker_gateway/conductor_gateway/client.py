@@ -21,6 +21,7 @@ from conductor.errors import StepCallFailed
 from conductor.messaging import CALL_WORKER_TASK, CallReply, CallRequest, queue_for
 from conductor.pool import Pool
 from conductor.ports import StepCallResult
+from conductor.workflow import AttemptRecord
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,10 @@ class QueuedStepRunner:
         tenant: str | None = None,
         tools: ToolUse | None = None,
         sampling: Sampling | None = None,
+        attempts: list[AttemptRecord] | None = None,
     ) -> StepCallResult:
+        # ``attempts`` stays empty: the calls are made, and known, in a gateway process (a
+        # pass-through call has no trace to record them in).
         spec = self.pool.get(worker)
         request = CallRequest(
             call_id=uuid.uuid4().hex,

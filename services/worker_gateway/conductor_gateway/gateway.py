@@ -103,12 +103,14 @@ class WorkerGateway:
         tenant: str | None = None,
         tools: ToolUse | None = None,
         sampling: Sampling | None = None,
+        attempts: list[AttemptRecord] | None = None,
     ) -> StepCallResult:
         spec = self.pool.get(worker)
         allowed = None if allowed_workers is None else frozenset(allowed_workers)
         if allowed is not None and worker not in allowed:
             raise StepCallFailed(f"{worker}: not among the workers this request may use", [])
-        attempts: list[AttemptRecord] = []
+        # The caller's list, if it gave one: it keeps the calls made if it cancels this one.
+        attempts = [] if attempts is None else attempts
         errors: list[str] = []
         # Fallbacks outside the request's workers are skipped without a word: naming them would
         # tell a limited API key about workers it may not see.

@@ -243,6 +243,14 @@ class TraceWrites:
         if event.kind is EventKind.STARTED:
             return self._started(workflow_id, workflow["pool_snapshot"])
         subject = event_subject(result, event)
+        if event.kind is EventKind.ATTEMPTS and isinstance(subject, StepRecord):
+            index = subject.index
+            attempts = [_attempt_row(a, secrets) for a in subject.attempts]
+            step_usage = _usage_values(_step_row(subject, secrets))
+            totals = _usage_values(_final_workflow_values(result, secrets))
+            return lambda conn: self._late_attempts(
+                conn, workflow_id, index, attempts, step_usage, totals
+            )
         if isinstance(subject, PlanOutcome):
             calls = [subject.model_dump(mode="json")]
             return lambda conn: self._merge_plans(conn, workflow_id, calls)
@@ -356,6 +364,43 @@ class TraceWrites:
                 [{"id": uuid.uuid4(), "step_id": step_id, **a} for a in attempts],
             )
 
+    def _late_attempts(
+        self,
+        conn: Connection,
+        workflow_id: uuid.UUID,
+        index: int,
+        attempts: list[Row],
+        step_usage: Row,
+        totals: Row,
+    ) -> None:
+        """The calls of a step cancelled with its workflow, reported after the outcome: added
+        to the step's (already final) row, its usage and the workflow's totals."""
+        sql = self._sql
+        step_id = conn.execute(
+            sql.step_id, {"workflow": workflow_id, "index": index}
+        ).scalar_one_or_none()
+        if step_id is None or not attempts:
+            return
+        conn.execute(
+            sql.insert_attempts, [{"id": uuid.uuid4(), "step_id": step_id, **a} for a in attempts]
+        )
+        conn.execute(sql.set_step_usage, {"step": step_id, **_new(step_usage)})
+        conn.execute(sql.set_workflow_usage, {"workflow": workflow_id, **_new(totals)})
+
+
+USAGE_COLUMNS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "reasoning_tokens",
+    "total_tokens",
+    "cost_usd",
+)
+
+
+def _usage_values(row: Row) -> Row:
+    return {name: row[name] for name in USAGE_COLUMNS}
+
 
 def _new(values: Row) -> Row:
     """The parameters of ``_setting``'s SET clauses."""
@@ -413,6 +458,18 @@ class _Statements:
         ).returning(step_table.c.id)
         self.insert_attempts = insert(attempt_table).on_conflict_do_nothing(
             index_elements=["step_id", "number"]
+        )
+        self.step_id = select(step_table.c.id).where(
+            step_table.c.workflow_id == bindparam("workflow"),
+            step_table.c.index == bindparam("index"),
+        )
+        self.set_step_usage = (
+            update(step_table)
+            .where(step_table.c.id == bindparam("step"))
+            .values(_setting(USAGE_COLUMNS))
+        )
+        self.set_workflow_usage = (
+            update(workflow_table).where(this_workflow).values(_setting(USAGE_COLUMNS))
         )
 
 
