@@ -87,14 +87,48 @@ def test_exceptions_that_are_not_worker_errors_are_never_retried(error: Exceptio
 
 
 @pytest.mark.parametrize("retry_after_s", [0.0, 0.25, 7.5, 30.0])
-def test_retry_after_is_honoured_exactly(retry_after_s: float) -> None:
+def test_retry_after_is_honoured_and_never_undercut(retry_after_s: float) -> None:
     # Given a provider that asked for a wait within the cap
     policy = RetryPolicy(max_attempts=4, retry_after_cap_s=30.0, rng=random.Random(7))
     error = RateLimited("slow down", retry_after_s=retry_after_s)
 
-    # Then the call is retried after exactly that wait, whatever the attempt
+    # When the delay is drawn many times, whatever the attempt
     assert policy.should_retry(error, 1)
-    assert [policy.delay_s(error, attempt) for attempt in (1, 2, 3)] == [retry_after_s] * 3
+    delays = [policy.delay_s(error, attempt) for attempt in (1, 2, 3) for _ in range(300)]
+
+    # Then no retry comes before the wait asked for, nor later than the bounded jitter allows
+    spread = policy.retry_after_spread_s(retry_after_s)
+    assert spread == min(20.0, 0.5 * max(retry_after_s, 0.1))
+    assert all(retry_after_s <= d <= retry_after_s + spread for d in delays)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 42])
+def test_callers_told_the_same_retry_after_spread_out_rather_than_come_back_in_a_wave(
+    seed: int,
+) -> None:
+    """Issue 36: 1,000 callers rate-limited in the same instant with "Retry-After: 1" all came
+    back exactly 1 s later. Now their retries spread over the half second after it."""
+    policy = RetryPolicy(rng=random.Random(seed))  # the default jitter: up to half the wait
+    error = RateLimited("slow down", retry_after_s=1.0)
+
+    delays = [policy.delay_s(error, 1) for _ in range(1000)]
+
+    assert min(delays) >= 1.0
+    assert max(delays) <= 1.5
+    # spread over the whole window: no tenth of it gets more than a fifth of the callers
+    buckets = [0] * 10
+    for delay in delays:
+        buckets[min(9, int((delay - 1.0) / 0.05))] += 1
+    assert max(buckets) < 200, buckets
+    assert min(buckets) > 50, buckets
+    assert len(set(delays)) == len(delays)
+
+
+def test_retry_after_jitter_can_be_turned_off() -> None:
+    policy = RetryPolicy(retry_after_jitter=0.0)
+    error = RateLimited("slow down", retry_after_s=2.0)
+
+    assert {policy.delay_s(error, 1) for _ in range(50)} == {2.0}
 
 
 def test_retry_after_on_a_503_is_honoured_too() -> None:
@@ -102,12 +136,13 @@ def test_retry_after_on_a_503_is_honoured_too() -> None:
     error = ProviderUnavailable("503 overloaded", status_code=503, retry_after_s=12.0)
 
     assert policy.should_retry(error, 1)
-    assert policy.delay_s(error, 1) == 12.0
+    # 12 s asked for: at most the max delay (20 s) or half the wait (6 s) is added
+    assert 12.0 <= policy.delay_s(error, 1) <= 18.0
 
 
 def test_a_retry_after_beyond_the_cap_falls_back_instead_of_waiting() -> None:
     # Given a cap of 10 s and a provider asking for 11 s
-    policy = RetryPolicy(max_attempts=4, retry_after_cap_s=10.0)
+    policy = RetryPolicy(max_attempts=4, retry_after_cap_s=10.0, retry_after_jitter=0.0)
     error = RateLimited("come back later", retry_after_s=11.0)
 
     # Then the call is not retried (the caller falls back), and any wait is capped
@@ -187,6 +222,7 @@ def test_backoff_stays_under_max_delay_for_very_late_attempts() -> None:
         {"base_delay_s": -0.1},
         {"max_delay_s": -1.0},
         {"retry_after_cap_s": -5.0},
+        {"retry_after_jitter": -0.5},
     ],
     ids=lambda fields: next(iter(fields)) + "=" + str(next(iter(fields.values()))),
 )

@@ -14,6 +14,7 @@ class GatewaySettings(BrokerSettings):
     retry_base_delay_s: float = Field(default=0.5, ge=0)
     retry_max_delay_s: float = Field(default=20.0, ge=0)
     retry_after_cap_s: float = Field(default=60.0, ge=0)
+    retry_after_jitter: float = Field(default=0.5, ge=0, le=10)
 
     quota_window_s: float = Field(default=60.0, gt=0)
     quota_skew_s: float = Field(default=0.25, ge=0)
@@ -33,6 +34,7 @@ class GatewaySettings(BrokerSettings):
             base_delay_s=self.retry_base_delay_s,
             max_delay_s=self.retry_max_delay_s,
             retry_after_cap_s=self.retry_after_cap_s,
+            retry_after_jitter=self.retry_after_jitter,
         )
 
     def quota_config(self) -> QuotaConfig:
