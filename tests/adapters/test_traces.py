@@ -224,7 +224,7 @@ def test_upgrade_is_idempotent(database_url: str) -> None:
     finally:
         engine.dispose()
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert list(versions) == [head] == ["0011"]
+    assert list(versions) == [head] == ["0012"]
     assert count == 1
 
 
@@ -247,6 +247,7 @@ async def test_deleting_a_workflow_cascades_to_steps_and_attempts(engine: Engine
         "response": [],
         "webhook_delivery": [],
         "direct_call": [],
+        "outbox": [],
     }
 
 

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from kombu.exceptions import OperationalError as BrokerOperationalError
 from sqlalchemy import Engine, func, select
 
 from conductor.chat import Usage
@@ -32,7 +33,8 @@ from conductor.variants import BUILTIN_VARIANTS, Variant
 from conductor.workflow import AttemptRecord, WorkflowStatus
 from conductor_adapters.loop_thread import LoopThread
 from conductor_adapters.store.db import make_engine, upgrade
-from conductor_adapters.store.models import attempt_table, event_table, step_table
+from conductor_adapters.store.models import attempt_table, event_table, outbox_table, step_table
+from conductor_adapters.store.outbox import GRACE_S
 from conductor_adapters.store.runs import SubmitRequest, load_run, record_submission
 from conductor_adapters.store.traces import TraceWrites
 from conductor_aggregator.metrics import AggregatorMetrics
@@ -414,3 +416,110 @@ def test_calls_of_a_step_cancelled_with_its_workflow_are_recorded_when_they_arri
     assert run.state is not None
     assert run.state.result.status is WorkflowStatus.CANCELLED
     assert [len(s.attempts) for s in run.state.result.steps] == [3, 0]
+
+
+# -- sends follow the commit (issue 36 #13) ---------------------------------------------------
+
+
+@dataclass
+class CheckingApp(RecordingApp):
+    """Records, at each send, what another connection sees of the workflow then: whether the
+    state that sends the message is committed already."""
+
+    engine: Engine | None = None
+    committed_at_send: list[bool] = field(default_factory=list)
+
+    def send_task(self, name: str, *, args: list[Any], queue: str) -> None:
+        assert self.engine is not None
+        if name == CALL_WORKER_TASK:
+            context = CallRequest.model_validate(args[0]).context
+            assert context is not None
+            with self.engine.connect() as conn:
+                run = load_run(conn, uuid.UUID(context.workflow_id))
+            assert run is not None
+            assert run.state is not None
+            self.committed_at_send.append(
+                run.state.dispatches.get(context.step) == context.dispatch
+            )
+        super().send_task(name, args=args, queue=queue)
+
+
+class BrokerDownApp(RecordingApp):
+    """A broker that refuses every message, as kombu reports an unreachable one."""
+
+    def send_task(self, name: str, *, args: list[Any], queue: str) -> None:
+        raise BrokerOperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+
+def _outbox_rows(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(outbox_table)).scalar() or 0)
+
+
+def test_steps_are_sent_only_after_the_state_that_sends_them_is_committed(
+    engine: Engine, loop: LoopThread
+) -> None:
+    # Given an aggregator whose broker looks at the database whenever a step is sent
+    aggregator, _ = _aggregator(engine, loop, [TWO_STEPS])
+    app = CheckingApp(engine=engine)
+    aggregator.app = app  # type: ignore[assignment]
+    workflow_id = _submit(engine)
+
+    # When the workflow runs through its plan and both steps
+    aggregator.start(workflow_id)
+    [plan] = app.take(PLAN_ROUND_TASK)
+    aggregator.plan(uuid.UUID(plan[0]), plan[1])
+    [first] = app.take(CALL_WORKER_TASK)
+    aggregator.step_result(_answer(first))
+    [second] = app.take(CALL_WORKER_TASK)
+    aggregator.step_result(_answer(second))
+
+    # Then each step was sent when its dispatch could already be read from another connection,
+    # and nothing is left in the outbox
+    assert app.committed_at_send == [True, True]
+    assert _outbox_rows(engine) == 0
+
+
+def test_messages_a_failed_send_left_behind_are_sent_by_the_sweeper_once(
+    engine: Engine, loop: LoopThread
+) -> None:
+    # Given a workflow planned while the broker refuses every message
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS])
+    workflow_id = _submit(engine)
+    aggregator.start(workflow_id)
+    [plan] = app.take(PLAN_ROUND_TASK)
+    aggregator.app = BrokerDownApp()  # type: ignore[assignment]
+    aggregator.plan(uuid.UUID(plan[0]), plan[1])
+
+    # Then the plan is committed and its first step waits in the outbox, not lost
+    with engine.connect() as conn:
+        run = load_run(conn, workflow_id)
+    assert run is not None
+    assert run.state is not None
+    assert run.state.dispatches == {0: 1}
+    assert _outbox_rows(engine) == 1
+
+    # When the broker answers again, and the plan message is redelivered meanwhile
+    aggregator.app = app  # type: ignore[assignment]
+    aggregator.plan(uuid.UUID(plan[0]), plan[1])
+    assert app.sent == []  # it changes nothing, sends nothing
+    # and the sweeper runs, first within the grace an aggregator has for its own sends
+    assert aggregator.flush_outbox(utcnow()) == 0
+    assert aggregator.sweep(utcnow() + timedelta(seconds=GRACE_S + 1)) == 0
+
+    # Then the step goes out once, as it was staged, and the outbox is empty
+    [call] = app.take(CALL_WORKER_TASK)
+    request = CallRequest.model_validate(call[0])
+    assert request.context is not None
+    assert (request.context.step, request.context.dispatch) == (0, 1)
+    assert app.sent == []
+    assert _outbox_rows(engine) == 0
+    # and the workflow goes on to its end
+    aggregator.step_result(_answer(call))
+    [second] = app.take(CALL_WORKER_TASK)
+    aggregator.step_result(_answer(second))
+    with engine.connect() as conn:
+        run = load_run(conn, workflow_id)
+    assert run is not None
+    assert run.state is not None
+    assert run.state.result.status is WorkflowStatus.COMPLETED

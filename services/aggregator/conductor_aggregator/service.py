@@ -1,11 +1,19 @@
 """The distributed aggregator: the workflow state machine driven by queue messages.
 
 Each message (a workflow start, a planning round, a step result, a passed deadline) is one
-transaction: lock the workflow's run row, load its state, apply what happened, send what the
-machine now calls for (steps to the vendor queues, planning rounds to the aggregator queue),
-write traces and numbered events, save the state, commit. Sends happen before the commit, so
-an aggregator killed in between leaves the message unacknowledged and its redelivery redoes
-the work; a step sent twice costs a second call but its second answer changes nothing.
+transaction: lock the workflow's run row, load its state, apply what happened, write traces and
+numbered events, save the state, and stage what the machine now calls for (steps for the
+vendor queues, planning rounds for the aggregator queue) in the outbox table; commit; then send
+the staged messages and delete their rows; only then is the message acknowledged (acks_late).
+
+Why sends follow the commit (issue 36 #13): sent before it, a step went out from a transaction
+that could still fail or die (the broker's publish retries, a killed process, the database),
+and the redelivered message sent it again, a second provider call. Now a transaction that does
+not commit sends nothing. One that commits and then dies before its sends leaves them in the
+outbox, and every aggregator's sweeper sends rows older than ``outbox.GRACE_S``; their
+triggering message, redelivered, changes nothing. A message can so go out twice (sent, then
+the process died before deleting the row): it has the same call id, and its second answer
+changes nothing.
 
 The planner is called outside any lock (a plan takes seconds): the plan task reads the state,
 asks the planner, then applies the plan in its own transaction if the round still waits for it.
@@ -22,6 +30,7 @@ from datetime import datetime
 import httpx
 import redis
 from celery import Celery
+from kombu.exceptions import OperationalError as BrokerError
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DataError
 
@@ -58,6 +67,7 @@ from conductor.ports import Planner
 from conductor.workflow import PoolEntry
 from conductor_adapters.loop_thread import LoopThread
 from conductor_adapters.queue import RedisBrokerWatch
+from conductor_adapters.store import outbox
 from conductor_adapters.store.runs import (
     RunRow,
     active_runs,
@@ -232,6 +242,7 @@ class Aggregator:
         """Act on every run whose deadline has passed, and on every active run when the broker
         lost its messages; returns how many were looked at."""
         now = now or utcnow()
+        self.flush_outbox(now)
         for delivery_id in claim_due(self.engine, now):  # webhooks due: one task each
             self.app.send_task(DELIVER_WEBHOOK_TASK, args=[delivery_id], queue=AGGREGATOR_QUEUE)
         if self.broker_watch is not None and self.broker_watch.lost_data():
@@ -277,6 +288,18 @@ class Aggregator:
             self.metrics.sweeps.labels("resent").inc(len(active))
         return len(active)
 
+    def flush_outbox(self, now: datetime | None = None) -> int:
+        """Send the messages whose aggregator committed them but did not send them (it died, or
+        the broker was unreachable); returns how many were sent."""
+        now = now or utcnow()
+        with self.engine.begin() as conn:
+            stale = outbox.take_stale(conn, now)
+            done = self._send_staged(stale)
+            outbox.forget(conn, done)
+        if stale:
+            logger.warning("sent %d of %d messages left unsent", len(done), len(stale))
+        return len(done)
+
     # -- one transaction per message --------------------------------------------------------
 
     def _apply(self, workflow_id: uuid.UUID, fact: Fact) -> None:
@@ -304,16 +327,33 @@ class Aggregator:
             machine = change(conn, run)
             if machine is None:
                 return
-            for action in machine.advance():
-                self._send(workflow_id, action)
+            messages = [self._message(workflow_id, action) for action in machine.advance()]
             events = machine.take_events()
             self.writes.for_events(machine.result, events)(conn)
             save_run(conn, workflow_id, machine.state)
+            staged = outbox.stage(conn, workflow_id, messages, utcnow())
+        # Committed: what it calls for goes out now (or, failing that, by a sweeper).
+        outbox.sent(self.engine, self._send_staged(staged))
         if self.metrics is not None:  # committed: counted once
             self.metrics.record(machine.result, events)
         self._announce(workflow_id, [e for e in events if e.sequence])
 
-    def _send(self, workflow_id: uuid.UUID, action: Action) -> None:
+    def _send_staged(self, staged: list[outbox.Staged]) -> list[int]:
+        """Send staged messages in order until the broker fails; the ids of those sent."""
+        done: list[int] = []
+        for item in staged:
+            message = item.message
+            try:
+                self.app.send_task(message.task, args=message.args, queue=message.queue)
+            except (BrokerError, OSError) as exc:
+                # Committed already: the rows stay, and a sweeper sends them once the broker
+                # answers. Raising would only redeliver a message that now changes nothing.
+                logger.warning("cannot send %s (%s); the sweeper will", message.task, exc)
+                break
+            done.append(item.id)
+        return done
+
+    def _message(self, workflow_id: uuid.UUID, action: Action) -> outbox.Message:
         if isinstance(action, Dispatch):
             request = CallRequest(
                 call_id=f"{workflow_id}:{action.step}:{action.dispatch}",
@@ -328,12 +368,8 @@ class Aggregator:
                 expires_at=action.expires_at,
             )
             queue = queue_for(self.pool.get(action.worker))
-            body = request.model_dump(mode="json")
-            self.app.send_task(CALL_WORKER_TASK, args=[body], queue=queue)
-        else:
-            self.app.send_task(
-                PLAN_ROUND_TASK, args=[str(workflow_id), action.round], queue=AGGREGATOR_QUEUE
-            )
+            return outbox.Message(CALL_WORKER_TASK, queue, [request.model_dump(mode="json")])
+        return outbox.Message(PLAN_ROUND_TASK, AGGREGATOR_QUEUE, [str(workflow_id), action.round])
 
     def _announce(self, workflow_id: uuid.UUID, events: list[MachineEvent]) -> None:
         """Tell listeners (the API) that events were stored, and gateways that the workflow

@@ -267,6 +267,22 @@ class WorkflowRunRow(DbModel, table=True):
     updated_at: datetime = Field(default_factory=_utcnow, sa_type=UTCDateTime())
 
 
+class OutboxRow(DbModel, table=True):
+    """A queue message an aggregator's transaction calls for, stored in that transaction and
+    deleted once sent: a message goes out only after the state that sends it is committed, and
+    a sender that dies before sending leaves it here for the sweeper (a transactional outbox).
+    """
+
+    __tablename__ = "outbox"
+
+    id: int | None = Field(default=None, primary_key=True)
+    workflow_id: uuid.UUID = Field(foreign_key="workflow.id", ondelete="CASCADE")
+    task: str = Field(max_length=100)
+    queue: str = Field(max_length=200)
+    args: list[Any] = Field(default_factory=list, sa_column=_json_column())
+    created_at: datetime = Field(default_factory=_utcnow, sa_type=UTCDateTime(), index=True)
+
+
 class WorkflowEventRow(DbModel, table=True):
     """One event of a workflow, numbered from 1: what clients stream and replay."""
 
@@ -400,3 +416,4 @@ runner_table: Table = metadata.tables["runner"]
 response_table: Table = metadata.tables["response"]
 webhook_delivery_table: Table = metadata.tables["webhook_delivery"]
 direct_call_table: Table = metadata.tables["direct_call"]
+outbox_table: Table = metadata.tables["outbox"]

@@ -1,0 +1,88 @@
+"""The aggregator's transactional outbox: queue messages sent only once committed.
+
+A transaction that advances a workflow stores the messages it calls for (``stage``) beside the
+state; after the commit the aggregator sends them and deletes their rows (``sent``). A message
+is therefore never out before the state that sent it, so a failed or killed transaction sends
+nothing; and an aggregator that dies between its commit and its sends leaves the rows, which
+the sweeper sends once they are ``GRACE_S`` old (``take_stale``). That late send may repeat one
+that did go out just before a death: gateways recognise a step's repeated call (its step key)
+and do not call the provider for it twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, delete, insert, select
+
+from conductor_adapters.store.models import outbox_table
+
+# How long a staged message may wait for its own aggregator's send before the sweeper sends it:
+# well above a send's usual milliseconds, well below a step's deadline.
+GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class Message:
+    task: str
+    queue: str
+    args: list[Any]
+
+
+@dataclass(frozen=True)
+class Staged:
+    id: int
+    message: Message
+
+
+def stage(
+    conn: Connection, workflow_id: uuid.UUID, messages: Sequence[Message], now: datetime
+) -> list[Staged]:
+    """Store ``messages`` in the caller's transaction; they go out after it commits."""
+    if not messages:
+        return []
+    rows = [
+        {
+            "workflow_id": workflow_id,
+            "task": m.task,
+            "queue": m.queue,
+            "args": m.args,
+            "created_at": now,
+        }
+        for m in messages
+    ]
+    # One statement; PostgreSQL returns a multi-row VALUES' ids in the rows' order.
+    statement = insert(outbox_table).values(rows).returning(outbox_table.c.id)
+    ids = list(conn.execute(statement).scalars())
+    return [Staged(i, m) for i, m in zip(ids, messages, strict=True)]
+
+
+def sent(engine: Engine, ids: Sequence[int]) -> None:
+    """Forget messages that went out."""
+    if ids:
+        with engine.begin() as conn:
+            conn.execute(delete(outbox_table).where(outbox_table.c.id.in_(list(ids))))
+
+
+def take_stale(conn: Connection, now: datetime, limit: int = 200) -> list[Staged]:
+    """Messages staged over ``GRACE_S`` ago and still unsent, locked for this transaction
+    (another sweeper skips them); the caller sends them, then deletes them with ``forget``."""
+    query = (
+        select(outbox_table.c.id, outbox_table.c.task, outbox_table.c.queue, outbox_table.c.args)
+        .where(outbox_table.c.created_at <= now - timedelta(seconds=GRACE_S))
+        .order_by(outbox_table.c.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    return [
+        Staged(row.id, Message(row.task, row.queue, list(row.args))) for row in conn.execute(query)
+    ]
+
+
+def forget(conn: Connection, ids: Sequence[int]) -> None:
+    if ids:
+        conn.execute(delete(outbox_table).where(outbox_table.c.id.in_(list(ids))))
