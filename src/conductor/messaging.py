@@ -35,6 +35,28 @@ def ended_channel(prefix: str) -> str:
     return f"{prefix}workflows:ended"
 
 
+def step_key(context: StepContext) -> str:
+    """One step's call, whichever of its sends: what gateways claim before calling the provider
+    and record the answer under, so a step is paid for once however often it is sent."""
+    return f"{context.workflow_id}:{context.step}"
+
+
+def claim_key(prefix: str, key: str) -> str:
+    """The Redis key a gateway holds (a short, renewed lease) while it calls for step ``key``."""
+    return f"{prefix}call:claim:{key}"
+
+
+def reply_key(prefix: str, key: str) -> str:
+    """The Redis key holding step ``key``'s answer, written before the answer is sent."""
+    return f"{prefix}call:reply:{key}"
+
+
+def unapplied_key(prefix: str) -> str:
+    """The sorted set of step keys whose answer was recorded (scored by when) and not yet
+    committed by an aggregator: what a sweeper applies when their message was lost."""
+    return f"{prefix}call:unapplied"
+
+
 def queue_for(spec: WorkerSpec) -> str:
     """One queue per vendor, so each scales on its own: ``gateway.openai``, ``gateway.gemini``."""
     return f"gateway.{spec.provider.value}"

@@ -8,6 +8,7 @@ how often. The queues themselves are covered by test_executor.py and test_distri
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+import redis
 from kombu.exceptions import OperationalError as BrokerOperationalError
 from sqlalchemy import Engine, func, select
 
@@ -26,6 +28,9 @@ from conductor.messaging import (
     START_WORKFLOW_TASK,
     CallReply,
     CallRequest,
+    reply_key,
+    step_key,
+    unapplied_key,
 )
 from conductor.pool import Pool, Price, Provider, WorkerSpec
 from conductor.ports import StepCallResult
@@ -38,7 +43,7 @@ from conductor_adapters.store.outbox import GRACE_S
 from conductor_adapters.store.runs import SubmitRequest, load_run, record_submission
 from conductor_adapters.store.traces import TraceWrites
 from conductor_aggregator.metrics import AggregatorMetrics
-from conductor_aggregator.service import Aggregator
+from conductor_aggregator.service import REPLY_GRACE_S, Aggregator
 from conductor_planner import ConductorPlanner
 
 from fakes.scripted import ScriptedBackend, lists
@@ -523,3 +528,45 @@ def test_messages_a_failed_send_left_behind_are_sent_by_the_sweeper_once(
     assert run is not None
     assert run.state is not None
     assert run.state.result.status is WorkflowStatus.COMPLETED
+
+
+# -- step results lost on their way (issue 36 #11) --------------------------------------------
+
+
+def test_a_step_result_recorded_by_its_gateway_but_never_delivered_is_applied_by_the_sweeper(
+    engine: Engine, loop: LoopThread, redis_url: str, redis_prefix: str
+) -> None:
+    # Given a workflow whose first step was answered, and its answer recorded in Redis as a
+    # gateway records it, but whose step-result message was lost (an aggregator killed -9
+    # between the broker handing it over and kombu noting it unacknowledged)
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS])
+    aggregator.redis = redis.Redis.from_url(redis_url)
+    aggregator.redis_prefix = redis_prefix
+    workflow_id = _submit(engine)
+    aggregator.start(workflow_id)
+    [plan] = app.take(PLAN_ROUND_TASK)
+    aggregator.plan(uuid.UUID(plan[0]), plan[1])
+    [first] = app.take(CALL_WORKER_TASK)
+    answer = _answer(first)
+    assert answer.context is not None
+    key = step_key(answer.context)
+    recorded_at = time.time()
+    aggregator.redis.set(reply_key(redis_prefix, key), answer.model_dump_json())
+    aggregator.redis.zadd(unapplied_key(redis_prefix), {key: recorded_at})
+
+    # When the sweeper runs, within the grace a result has to arrive, then after it
+    assert aggregator.recover_replies(recorded_at + 1) == 0
+    assert app.take(CALL_WORKER_TASK) == []
+    aggregator.sweep(utcnow() + timedelta(seconds=REPLY_GRACE_S + 1))
+
+    # Then the answer is applied from the record: the next step is sent, the record is off
+    # the list, and applying it again (the message turning up late) changes nothing
+    [second] = app.take(CALL_WORKER_TASK)
+    assert CallRequest.model_validate(second[0]).context.step == 1  # type: ignore[union-attr]
+    assert aggregator.redis.zcard(unapplied_key(redis_prefix)) == 0
+    counts = _counts(engine)
+    aggregator.step_result(answer)
+    assert _counts(engine) == counts
+    assert app.sent == []
+    assert _metric(aggregator, "conductor_sweeper_actions_total", action="recovered") == 1
+    aggregator.redis.close()

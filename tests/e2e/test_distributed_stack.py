@@ -8,9 +8,11 @@ list form, the workers echo.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -422,12 +424,14 @@ def test_redis_restarted_mid_run_loses_nothing(
     servers = [redis_process]
     supervising = threading.Event()
     restarted: list[str] = []
+    in_flight_at_kill: list[int] = []
 
     def supervise() -> None:
         while not supervising.wait(1.0):
             restarted.extend(stack.restart_exited())
 
     def restart_redis() -> None:
+        in_flight_at_kill.append(fakes[1].in_flight)
         servers[-1].kill()
         servers[-1].wait(timeout=10)
         time.sleep(2.0)
@@ -464,7 +468,7 @@ def test_redis_restarted_mid_run_loses_nothing(
             broker_url,
             ready=lambda: _running_steps(engine) >= 5,
             fault=restart_redis,
-            count=20,
+            count=30,
             within_s=120,
             afterwards=ask_through_the_api,
         )
@@ -487,3 +491,17 @@ def test_redis_restarted_mid_run_loses_nothing(
     if broker == "rabbitmq":
         assert "re-queued" in stack.get("gateway-0").tail(100_000)  # the outage hit calls
     print(f"processes started again after the restart: {restarted or 'none'}")
+    # and the provider was paid twice at most for the calls in flight when Redis went down
+    # (issue 36 #13: answers on their way, and calls sent after the restart, were paid again)
+    repeated = _repeated_calls(fakes[1])
+    print(
+        f"provider calls: {len(fakes[1].chat_requests)}, repeated: {repeated}, "
+        f"in flight at the kill: {in_flight_at_kill[0]}"
+    )
+    assert repeated <= in_flight_at_kill[0]
+
+
+def _repeated_calls(provider: FakeOpenAIServer) -> int:
+    """Calls the provider received more than once (the same messages: one workflow's step)."""
+    seen = Counter(json.dumps(r.json["messages"]) for r in provider.chat_requests)
+    return sum(n - 1 for n in seen.values())

@@ -63,8 +63,9 @@ class AggregatorMetrics:
         )
         self.sweeps = Counter(
             "conductor_sweeper_actions",
-            "What the deadline sweeper did: workflows whose deadline passed, and workflows "
-            "resent after the broker lost its messages.",
+            "What the deadline sweeper did: workflows whose deadline passed, workflows "
+            "resent after the broker lost its messages, step results recovered (recorded by a "
+            "gateway, their message lost).",
             ["action"],
             registry=self.registry,
         )

@@ -12,8 +12,17 @@ and the redelivered message sent it again, a second provider call. Now a transac
 not commit sends nothing. One that commits and then dies before its sends leaves them in the
 outbox, and every aggregator's sweeper sends rows older than ``outbox.GRACE_S``; their
 triggering message, redelivered, changes nothing. A message can so go out twice (sent, then
-the process died before deleting the row): it has the same call id, and its second answer
-changes nothing.
+the process died before deleting the row): gateways key each call by its step
+(``messaging.step_key``), so a repeat does not call the provider again (see
+conductor_gateway.celery_app).
+
+Step results survive an aggregator killed -9 (issue 36 #11). On the Redis broker kombu pops a
+message and only then records it as unacknowledged: a process killed in between (under load,
+the popped reply can sit in the socket or the GIL's queue for milliseconds) loses it, and
+acks_late cannot help. So gateways record each answer in Redis before sending it, listed as
+unapplied; an aggregator takes it off the list once its transaction committed the answer, and
+the sweeper applies the answers listed longer than ``REPLY_GRACE_S``: a lost result is applied
+within that plus a sweep, not at the step's deadline (600 s). Applied twice, it changes nothing.
 
 The planner is called outside any lock (a plan takes seconds): the plan task reads the state,
 asks the planner, then applies the plan in its own transaction if the round still waits for it.
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -61,6 +71,9 @@ from conductor.messaging import (
     StepContext,
     ended_channel,
     queue_for,
+    reply_key,
+    step_key,
+    unapplied_key,
 )
 from conductor.pool import Pool
 from conductor.ports import Planner
@@ -82,6 +95,12 @@ from conductor_adapters.webhooks import attempt, claim_due
 from conductor_aggregator.metrics import AggregatorMetrics
 
 logger = logging.getLogger(__name__)
+
+# A recorded answer not yet applied this long was lost on its way: well above a step result's
+# usual wait in the aggregator queue, far below a step's deadline.
+REPLY_GRACE_S = 10.0
+# An applied answer's record outlives the outbox's grace, for sends of its step still queued.
+APPLIED_REPLY_KEEP_S = 120
 
 Change = Callable[[Connection, RunRow], WorkflowMachine | None]
 """What a message does to a locked run: the machine to advance and save, or None (no change)."""
@@ -237,12 +256,52 @@ class Aggregator:
             error = f"StepCallFailed: {reply.error or 'the gateway reported a failure'}"
             fact = StepFailed(context.step, error, tuple(reply.attempts))
         self._apply(uuid.UUID(context.workflow_id), fact)
+        # Committed (or applied before): the sweeper need not apply it, and its record is
+        # kept only for sends of the step still on their way.
+        if self.redis is not None:
+            key = step_key(context)
+            try:
+                applied = self.redis.pipeline(transaction=False)
+                applied.zrem(unapplied_key(self.redis_prefix), key)
+                applied.expire(reply_key(self.redis_prefix, key), APPLIED_REPLY_KEEP_S)
+                applied.execute()
+            except (redis.RedisError, OSError) as exc:
+                logger.warning("cannot mark a step result applied (%s); applied twice", exc)
+
+    def recover_replies(self, now_s: float | None = None) -> int:
+        """Apply the answers gateways recorded whose step result never arrived (lost with an
+        aggregator killed between the broker and its bookkeeping); returns how many."""
+        if self.redis is None:
+            return 0
+        unapplied = unapplied_key(self.redis_prefix)
+        before = (time.time() if now_s is None else now_s) - REPLY_GRACE_S
+        try:
+            found = self.redis.zrangebyscore(unapplied, "-inf", before, 0, 100)
+            keys = [k.decode() if isinstance(k, bytes) else str(k) for k in found]
+            records = [reply_key(self.redis_prefix, k) for k in keys]
+            bodies = self.redis.mget(records) if records else []
+        except (redis.RedisError, OSError) as exc:
+            logger.warning("cannot look for lost step results (%s)", exc)
+            return 0
+        applied = 0
+        for key, body in zip(keys, bodies, strict=True):
+            if body is None:  # expired: nothing left to apply
+                self.redis.zrem(unapplied, key)
+                continue
+            self.step_result(CallReply.model_validate_json(body))
+            applied += 1
+        if applied:
+            logger.warning("applied %d step results recorded but never received", applied)
+            if self.metrics is not None:
+                self.metrics.sweeps.labels("recovered").inc(applied)
+        return applied
 
     def sweep(self, now: datetime | None = None) -> int:
         """Act on every run whose deadline has passed, and on every active run when the broker
         lost its messages; returns how many were looked at."""
         now = now or utcnow()
         self.flush_outbox(now)
+        self.recover_replies(now.timestamp())
         for delivery_id in claim_due(self.engine, now):  # webhooks due: one task each
             self.app.send_task(DELIVER_WEBHOOK_TASK, args=[delivery_id], queue=AGGREGATOR_QUEUE)
         if self.broker_watch is not None and self.broker_watch.lost_data():

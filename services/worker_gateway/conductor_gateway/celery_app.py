@@ -5,6 +5,28 @@ loop, and answers with a CallReply: as a step-result task on the queue the reque
 aggregator's), or pushed onto the Redis list it names (an in-process caller). The message is
 acknowledged only after the reply is out (acks_late), so a gateway killed mid-call loses
 nothing: the broker hands the message to another gateway, which makes the call again.
+
+A step is paid for once however often it is sent (issue 36 #13). A workflow's step can reach
+the gateways more than once: sent again after the broker lost its messages, at its deadline,
+or by an outbox whose sender died after sending. Before calling the provider a gateway looks
+up the step (``step_key``) in Redis:
+
+- its answer is recorded (``reply_key``, written before the answer is sent): that answer is
+  sent again, and the provider is not called;
+- another gateway holds its claim (``claim_key``, a lease of ``CLAIM_LEASE_S`` renewed every
+  ``CLAIM_RENEW_S`` while the call runs): this one waits for that answer, or for the lease to
+  lapse (its holder died) and then claims it;
+- neither: it claims the step and calls.
+
+A recorded answer is also listed in ``unapplied_key`` until an aggregator has committed it:
+a step result lost on its way (an aggregator killed -9 between the broker handing it over and
+kombu recording it as unacknowledged, issue 36 #11) is applied by the aggregators' sweeper.
+
+Redis restarted empty loses the claims and records with the queues. Each gateway process keeps
+its claims and the answers it recorded in the last ``HOLD_S`` in memory, and writes them again
+when it finds its marker key gone; a resend (a step's second or later send) that finds neither
+waits ``RESEND_GRACE_S`` for that before it claims. What a Redis restart repeats is then the
+calls in flight at gateways that died with it.
 """
 
 from __future__ import annotations
@@ -13,6 +35,7 @@ import asyncio
 import itertools
 import logging
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -28,8 +51,12 @@ from conductor.messaging import (
     STEP_RESULT_TASK,
     CallReply,
     CallRequest,
+    claim_key,
     ended_channel,
     queue_for,
+    reply_key,
+    step_key,
+    unapplied_key,
 )
 from conductor.pool import Pool
 from conductor.ports import ChatWorker
@@ -52,6 +79,17 @@ REDIS_CONNECTIONS = 64  # per gateway process; calls queue for one rather than f
 # RPUSH: callers pop from the left, so replies leave in the order they came. (LPUSH made the
 # list a stack: under a steady stream old replies sank, one waited 30 s behind newer ones.)
 PUSH_REPLY = "redis.call('RPUSH', KEYS[1], ARGV[1]); redis.call('EXPIRE', KEYS[1], ARGV[2])"
+# A step's answer, listed as not yet applied, its claim let go: one round trip.
+RECORD_REPLY = (
+    "redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]); "
+    "redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4]); redis.call('DEL', KEYS[3])"
+)
+CLAIM_LEASE_S = 4.0  # a dead gateway's claim lapses this long after its last renewal
+CLAIM_RENEW_S = 1.0  # also how often a process checks that Redis kept its data
+CLAIM_POLL_S = 0.25  # how often a gateway waiting on another's claim looks again
+REPLY_KEEP_S = 1800  # a recorded answer outlives the step's deadline (600 s by default)
+HOLD_S = 120.0  # answers kept in memory to write again should Redis lose them
+RESEND_GRACE_S = 4.0  # a resend waits up to this for claims and answers a Redis loss took
 
 
 class GatewayProcess:
@@ -77,13 +115,56 @@ class GatewayProcess:
         # One script rather than a MULTI pipeline: redis-py builds each pipeline object at a
         # cost that showed in variants at hundreds of replies a second.
         self._push_reply = self.redis.register_script(PUSH_REPLY)
+        self._record_reply = self.redis.register_script(RECORD_REPLY)
+        # Steps this process calls for (step key -> call id), and answers it recorded lately
+        # (step key -> (answer, when)): written again if Redis loses them.
+        self._claims: dict[str, str] = {}
+        self._recorded: dict[str, tuple[str, float]] = {}
+        self._marker = f"{settings.redis_prefix}gateway-alive:{uuid.uuid4().hex}"
         # Calls in flight per workflow, cancelled when the aggregator says the workflow ended.
         self._in_flight: dict[str, set[asyncio.Task[Any]]] = {}
         self._ended_calls: set[asyncio.Task[Any]] = set()  # cancelled for that reason
         self._ended_watch = self.loop.run(self._start_ended_watch())
+        self._keeper = self.loop.run(self._start_keeper())
 
     async def _start_ended_watch(self) -> asyncio.Task[None]:
         return asyncio.create_task(self._watch_ended(), name="ended-workflows")
+
+    async def _start_keeper(self) -> asyncio.Task[None]:
+        return asyncio.create_task(self._keep_claims(), name="step-claims")
+
+    async def _keep_claims(self) -> None:
+        """Renew this process's claims; when Redis lost its data (the marker is gone), write
+        again the claims and the answers recorded in the last ``HOLD_S``."""
+        prefix, lease_ms = self.settings.redis_prefix, int(CLAIM_LEASE_S * 1000)
+        pause = CLAIM_RENEW_S
+        while True:
+            await asyncio.sleep(pause)
+            pause = CLAIM_RENEW_S
+            now = time.monotonic()
+            for key in [k for k, (_, at) in self._recorded.items() if now - at > HOLD_S]:
+                del self._recorded[key]
+            try:
+                lost = bool(await self.redis.set(self._marker, "1", nx=True, ex=3600))
+                await self.redis.expire(self._marker, 3600)
+                renew = self.redis.pipeline(transaction=False)
+                for key, call_id in list(self._claims.items()):
+                    renew.set(claim_key(prefix, key), call_id, px=lease_ms)
+                if lost:
+                    for key, (body, _) in list(self._recorded.items()):
+                        renew.set(reply_key(prefix, key), body, ex=REPLY_KEEP_S, nx=True)
+                        renew.zadd(unapplied_key(prefix), {key: time.time()}, nx=True)
+                await renew.execute()
+                if lost and self._recorded:
+                    logger.warning(
+                        "Redis lost its data: %d answers and %d claims written again",
+                        len(self._recorded),
+                        len(self._claims),
+                    )
+            except (OSError, aioredis.RedisError) as exc:
+                # Soon: a Redis back from a restart must see the claims before the resends.
+                pause = CLAIM_POLL_S
+                logger.warning("cannot renew step claims (%s); trying again", exc)
 
     async def _watch_ended(self) -> None:
         """Cancel the calls of each workflow the aggregator names as ended; resubscribes after a
@@ -115,7 +196,7 @@ class GatewayProcess:
         return aioredis.Redis(connection_pool=pool)
 
     def handle(self, request: CallRequest, app: Celery) -> CallReply:
-        reply = self.loop.run(self._call(request))
+        reply = self.loop.run(self._call_once(request))
         if request.reply_to is not None:
             self.loop.run(self._deliver(request.reply_to, reply.model_dump_json()))
         else:
@@ -125,6 +206,82 @@ class GatewayProcess:
                 STEP_RESULT_TASK, args=[reply.model_dump(mode="json")], queue=request.reply_queue
             )
         return reply
+
+    async def _call_once(self, request: CallRequest) -> CallReply:
+        """A workflow step's call made once across sends and gateways: its recorded answer if
+        there is one, else the call under the step's claim, its answer recorded before it is
+        sent. Calls without a step (an in-process caller's) are simply made."""
+        if request.context is None:
+            return await self._call(request)
+        key = step_key(request.context)
+        try:
+            stored = await self._claim(request, key)
+        except (OSError, aioredis.RedisError) as exc:
+            # Redis is away: the call is worth more than its record (and quotas will wait).
+            logger.warning("call %s: cannot claim its step (%s)", request.call_id, exc)
+            return await self._call(request)
+        if stored is not None:
+            logger.info("call %s: step answered already; not called again", request.call_id)
+            return stored
+        self._claims[key] = request.call_id
+        try:
+            reply = await self._call(request)
+        except BaseException:
+            # Stopping: let the redelivered message claim at once.
+            self._claims.pop(key, None)
+            await asyncio.shield(self._release(key, request.call_id))
+            raise
+        self._claims.pop(key, None)
+        await self._record(key, reply)
+        return reply
+
+    async def _claim(self, request: CallRequest, key: str) -> CallReply | None:
+        """Wait until this gateway holds the step's claim (None) or its answer is recorded (the
+        answer). A failed answer is not reused: a resend of a failed step tries again."""
+        assert request.context is not None
+        prefix = self.settings.redis_prefix
+        lease_ms = int(CLAIM_LEASE_S * 1000)
+        # A resend finding nothing may follow a Redis loss: the gateways holding the step's
+        # claim or answer write them again within a renewal or two.
+        grace_ends = time.monotonic() + (RESEND_GRACE_S if request.context.dispatch > 1 else 0)
+        while True:
+            stored = await self.redis.get(reply_key(prefix, key))
+            if stored is not None:
+                reply = CallReply.model_validate_json(stored)
+                if reply.ok:
+                    return reply
+            elif time.monotonic() < grace_ends and not await self.redis.exists(
+                claim_key(prefix, key)
+            ):
+                await asyncio.sleep(CLAIM_POLL_S)
+                continue
+            if await self.redis.set(claim_key(prefix, key), request.call_id, nx=True, px=lease_ms):
+                return None
+            left_s = _seconds_left(request)
+            if left_s is not None and left_s <= 0:
+                return None  # nobody waits for it any more: _answer says so
+            await asyncio.sleep(CLAIM_POLL_S)
+
+    async def _release(self, key: str, call_id: str) -> None:
+        try:
+            claim = claim_key(self.settings.redis_prefix, key)
+            if await self.redis.get(claim) == call_id.encode():
+                await self.redis.delete(claim)
+        except (OSError, aioredis.RedisError):
+            return  # it lapses by itself
+
+    async def _record(self, key: str, reply: CallReply) -> None:
+        """Record the step's answer before it is sent; kept in memory for a Redis loss."""
+        prefix, body = self.settings.redis_prefix, reply.model_dump_json()
+        self._recorded[key] = (body, time.monotonic())
+        try:
+            await self._record_reply(
+                keys=[reply_key(prefix, key), unapplied_key(prefix), claim_key(prefix, key)],
+                args=[body, REPLY_KEEP_S, time.time(), key],
+            )
+        except (OSError, aioredis.RedisError) as exc:
+            # The answer still goes out as a message; the keeper writes it if Redis lost it.
+            logger.warning("cannot record the answer of step %s (%s)", key, exc)
 
     async def _call(self, request: CallRequest) -> CallReply:
         """The call, counted in flight on its worker's queue while it runs."""
@@ -202,7 +359,8 @@ class GatewayProcess:
     def close(self) -> None:
         async def shutdown() -> None:
             self._ended_watch.cancel()
-            await asyncio.gather(self._ended_watch, return_exceptions=True)
+            self._keeper.cancel()
+            await asyncio.gather(self._ended_watch, self._keeper, return_exceptions=True)
             await self.gateway.aclose()
             # A client given its pool keeps it open on aclose() unless told: its sockets leaked.
             await self.redis.aclose(close_connection_pool=True)
