@@ -489,7 +489,10 @@ def test_redis_restarted_mid_run_loses_nothing(
         assert answers
         assert answers[0]
     if broker == "rabbitmq":
-        assert "re-queued" in stack.get("gateway-0").tail(100_000)  # the outage hit calls
+        # The outage reached the gateway: calls re-queued, or (since gateways claim steps in
+        # Redis and wait out a short outage) its step claims could not be renewed meanwhile
+        log = stack.get("gateway-0").tail(100_000)
+        assert "re-queued" in log or "cannot renew step claims" in log
     print(f"processes started again after the restart: {restarted or 'none'}")
     # and the provider was paid twice at most for the calls in flight when Redis went down
     # (issue 36 #13: answers on their way, and calls sent after the restart, were paid again)

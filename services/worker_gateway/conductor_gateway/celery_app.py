@@ -32,6 +32,7 @@ calls in flight at gateways that died with it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -89,6 +90,7 @@ CLAIM_RENEW_S = 1.0  # also how often a process checks that Redis kept its data
 CLAIM_POLL_S = 0.25  # how often a gateway waiting on another's claim looks again
 REPLY_KEEP_S = 1800  # a recorded answer outlives the step's deadline (600 s by default)
 HOLD_S = 120.0  # answers kept in memory to write again should Redis lose them
+CLAIM_TRIES_S = 5.0  # how long a claim is tried while Redis is unreachable before calling anyway
 RESEND_GRACE_S = 4.0  # a resend waits up to this for claims and answers a Redis loss took
 
 
@@ -131,6 +133,8 @@ class GatewayProcess:
         return asyncio.create_task(self._watch_ended(), name="ended-workflows")
 
     async def _start_keeper(self) -> asyncio.Task[None]:
+        with contextlib.suppress(OSError, aioredis.RedisError):  # else the keeper's first look
+            await self.redis.set(self._marker, "1", ex=3600)
         return asyncio.create_task(self._keep_claims(), name="step-claims")
 
     async def _keep_claims(self) -> None:
@@ -214,12 +218,18 @@ class GatewayProcess:
         if request.context is None:
             return await self._call(request)
         key = step_key(request.context)
-        try:
-            stored = await self._claim(request, key)
-        except (OSError, aioredis.RedisError) as exc:
-            # Redis is away: the call is worth more than its record (and quotas will wait).
-            logger.warning("call %s: cannot claim its step (%s)", request.call_id, exc)
-            return await self._call(request)
+        give_up = time.monotonic() + CLAIM_TRIES_S
+        while True:
+            try:
+                stored = await self._claim(request, key)
+                break
+            except (OSError, aioredis.RedisError) as exc:
+                # A connection a Redis restart closed fails once; a Redis away for longer
+                # is worth less than the call (quotas wait for it anyway).
+                if time.monotonic() > give_up:
+                    logger.warning("call %s: cannot claim its step (%s)", request.call_id, exc)
+                    return await self._call(request)
+                await asyncio.sleep(CLAIM_POLL_S)
         if stored is not None:
             logger.info("call %s: step answered already; not called again", request.call_id)
             return stored
@@ -256,7 +266,15 @@ class GatewayProcess:
                 await asyncio.sleep(CLAIM_POLL_S)
                 continue
             if await self.redis.set(claim_key(prefix, key), request.call_id, nx=True, px=lease_ms):
-                return None
+                # The holder may have recorded its answer (and let go) since the look above.
+                stored = await self.redis.get(reply_key(prefix, key))
+                if stored is None:
+                    return None
+                reply = CallReply.model_validate_json(stored)
+                if not reply.ok:
+                    return None
+                await self.redis.delete(claim_key(prefix, key))
+                return reply
             left_s = _seconds_left(request)
             if left_s is not None and left_s <= 0:
                 return None  # nobody waits for it any more: _answer says so
