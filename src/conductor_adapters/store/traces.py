@@ -75,19 +75,17 @@ def _workflow_row(result: WorkflowRecord, tenant: str, snapshot: list[dict[str, 
     )
 
 
-FINAL_WORKFLOW_COLUMNS = (
-    "status",
-    "answer",
+USAGE_COLUMNS = (
     "prompt_tokens",
     "completion_tokens",
     "cached_tokens",
     "reasoning_tokens",
     "total_tokens",
     "cost_usd",
-    "latency_ms",
-    "error",
-    "finished_at",
 )
+
+
+FINAL_WORKFLOW_COLUMNS = ("status", "answer", *USAGE_COLUMNS, "latency_ms", "error", "finished_at")
 
 
 def _final_workflow_values(result: WorkflowRecord, secrets: list[str]) -> Row:
@@ -386,16 +384,6 @@ class TraceWrites:
         )
         conn.execute(sql.set_step_usage, {"step": step_id, **_new(step_usage)})
         conn.execute(sql.set_workflow_usage, {"workflow": workflow_id, **_new(totals)})
-
-
-USAGE_COLUMNS = (
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_tokens",
-    "reasoning_tokens",
-    "total_tokens",
-    "cost_usd",
-)
 
 
 def _usage_values(row: Row) -> Row:
