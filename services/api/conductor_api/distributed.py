@@ -1,8 +1,11 @@
 """The API over the distributed runtime: submit through the broker, follow through Redis.
 
-Submitting writes the queued workflow to Postgres and sends the start message (the sweeper
-resends it if the message is lost). Aggregators announce each batch of stored events on a
-Redis channel per workflow; this process listens on all of them with one pattern
+Submitting writes the queued workflow to Postgres with its start message, staged in the
+outbox in the same transaction, and answers at once: this process's relay sends the message
+in the background (conductor_adapters.outbox_relay), so a client never waits for the broker,
+and a broker that is down delays the start without losing it (the aggregators' sweepers send
+what the relay did not). Cancels go the same way. Aggregators announce each batch of stored
+events on a Redis channel per workflow; this process listens on all of them with one pattern
 subscription and wakes the readers of that workflow. Pass-through calls go to the vendor
 queues like any step, with replies on this process's own Redis list.
 """
@@ -25,11 +28,11 @@ from sqlalchemy import Engine, text
 
 from conductor.chat import ChatMessage, Sampling, ToolUse
 from conductor.machine import FINAL_EVENT_KINDS
-from conductor.messaging import AGGREGATOR_QUEUE, CANCEL_WORKFLOW_TASK
 from conductor.pool import Pool
 from conductor.ports import StepCallResult, StepRunner
 from conductor.variants import Variant
-from conductor_adapters.store.runs import SubmitRequest, submit_workflow
+from conductor_adapters.outbox_relay import OutboxRelay
+from conductor_adapters.store.runs import SubmitRequest, stage_cancel, stage_submission
 from conductor_api.key_limits import KeyLimiter
 from conductor_api.service import ANNOUNCED_POLL_S, POLL_INTERVAL_S, WorkflowService
 
@@ -65,6 +68,7 @@ class DistributedWorkflows(WorkflowService):
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = False  # to the aggregators' event announcements
         self._planner_channel: grpc.aio.Channel | None = None
+        self.relay = OutboxRelay(engine, app)  # sends the start and cancel messages
 
     @property
     def worker_names(self) -> list[str]:
@@ -77,16 +81,15 @@ class DistributedWorkflows(WorkflowService):
         self._listener = asyncio.create_task(self._listen(), name="event-announcements")
 
     async def submit(self, request: SubmitRequest) -> uuid.UUID:
-        return await asyncio.to_thread(submit_workflow, self.engine, self.app, request)
+        # Committed with its start message; the answer does not wait for the broker.
+        workflow_id, staged = await asyncio.to_thread(stage_submission, self.engine, request)
+        self.relay.put([staged])
+        return workflow_id
 
     async def request_cancel(self, workflow_id: uuid.UUID, reason: str) -> None:
         # The aggregators end it, under the run's lock, started or still queued.
-        await asyncio.to_thread(
-            self.app.send_task,
-            CANCEL_WORKFLOW_TASK,
-            args=[str(workflow_id), reason],
-            queue=AGGREGATOR_QUEUE,
-        )
+        staged = await asyncio.to_thread(stage_cancel, self.engine, workflow_id, reason)
+        self.relay.put([staged])
 
     async def passthrough(
         self,
@@ -197,6 +200,7 @@ class DistributedWorkflows(WorkflowService):
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._listener
+        await asyncio.to_thread(self.relay.close)
         await self.runner.aclose()
         if self._planner_channel is not None:
             await self._planner_channel.close()

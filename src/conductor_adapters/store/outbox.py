@@ -1,7 +1,9 @@
-"""The aggregator's transactional outbox: queue messages sent only once committed.
+"""The transactional outbox: queue messages sent only once committed.
 
 A transaction that advances a workflow stores the messages it calls for (``stage``) beside the
-state; after the commit the aggregator sends them and deletes their rows (``sent``). A message
+state; after the commit the aggregator sends them and deletes their rows (``sent``). The API
+stages a submission's start (and a cancel) the same way, and its relay sends them in the
+background (conductor_adapters.outbox_relay), so a client never waits for the broker. A message
 is therefore never out before the state that sent it, so a failed or killed transaction sends
 nothing; and an aggregator that dies between its commit and its sends leaves the rows, which
 the sweeper sends once they are ``GRACE_S`` old (``take_stale``). That late send may repeat one
@@ -81,6 +83,30 @@ def take_stale(conn: Connection, now: datetime, limit: int = 200) -> list[Staged
     return [
         Staged(row.id, Message(row.task, row.queue, list(row.args))) for row in conn.execute(query)
     ]
+
+
+def claim(conn: Connection, ids: Sequence[int]) -> list[Staged]:
+    """Those of ``ids`` still unsent and not being sent by another transaction (a sweeper),
+    locked for this one, in their order; the caller sends them, then ``forget``s them."""
+    if not ids:
+        return []
+    query = (
+        select(outbox_table.c.id, outbox_table.c.task, outbox_table.c.queue, outbox_table.c.args)
+        .where(outbox_table.c.id.in_(list(ids)))
+        .order_by(outbox_table.c.id)
+        .with_for_update(skip_locked=True)
+    )
+    return [
+        Staged(row.id, Message(row.task, row.queue, list(row.args))) for row in conn.execute(query)
+    ]
+
+
+def unsent(conn: Connection, ids: Sequence[int]) -> set[int]:
+    """Those of ``ids`` whose rows are still there (unsent, or being sent right now)."""
+    if not ids:
+        return set()
+    query = select(outbox_table.c.id).where(outbox_table.c.id.in_(list(ids)))
+    return set(conn.execute(query).scalars())
 
 
 def forget(conn: Connection, ids: Sequence[int]) -> None:

@@ -1,9 +1,12 @@
 """Workflows in distributed mode: submitting one, and the row each aggregator locks to run it.
 
 A submitted workflow is a ``workflow`` trace row (status "queued") plus a ``workflow_run`` row
-holding the request, written in one transaction before the start message is sent. If that
-message is lost, the sweeper sends it again once ``next_deadline_at`` passes, so a submitted
-workflow is never forgotten. Aggregators serialise their changes to a workflow with one row
+holding the request, written in one transaction with its start message, staged in the outbox
+(conductor_adapters.store.outbox): the message is sent after the commit, by the submitter or
+its relay, else by an aggregator's sweeper, so it never arrives before the workflow it starts
+and a broker that is down delays it without losing it. If it is lost in the broker, the
+sweeper sends it again once ``next_deadline_at`` passes, so a submitted workflow is never
+forgotten. Aggregators serialise their changes to a workflow with one row
 lock (``SELECT ... FOR UPDATE`` on its ``workflow_run`` row).
 """
 
@@ -19,10 +22,12 @@ from sqlalchemy import Connection, Engine, Select, bindparam, insert, select, up
 
 from conductor.answer_format import AnswerFormat
 from conductor.machine import WorkflowMachine, WorkflowState, utcnow
-from conductor.messaging import AGGREGATOR_QUEUE, START_WORKFLOW_TASK
+from conductor.messaging import AGGREGATOR_QUEUE, CANCEL_WORKFLOW_TASK, START_WORKFLOW_TASK
 from conductor.orchestration import check_question
 from conductor.variants import Variant
 from conductor.workflow import WorkflowStatus
+from conductor_adapters.outbox_relay import send_staged
+from conductor_adapters.store import outbox
 from conductor_adapters.store.models import new_workflow_values, run_table, workflow_table
 
 START_GRACE_S = 30.0  # a queued workflow not started by then has its start message sent again
@@ -65,17 +70,42 @@ def submit_workflow(
     *,
     workflow_id: uuid.UUID | None = None,
 ) -> uuid.UUID:
-    """Record the workflow as queued, then ask an aggregator to start it.
+    """Record the workflow as queued with its start message, then send that message, waiting
+    for the broker (the API hands it to its relay instead: ``stage_submission``).
 
     The rows are committed before the message is sent: an aggregator never receives a start
-    for a workflow it cannot find. A start that is never sent is sent again by the sweeper.
+    for a workflow it cannot find. A start the broker refused stays in the outbox, and an
+    aggregator's sweeper sends it.
     """
+    workflow_id, staged = stage_submission(engine, request, workflow_id=workflow_id)
+    outbox.sent(engine, send_staged(app, [staged]))
+    return workflow_id
+
+
+def stage_submission(
+    engine: Engine, request: SubmitRequest, *, workflow_id: uuid.UUID | None = None
+) -> tuple[uuid.UUID, outbox.Staged]:
+    """Record the workflow as queued and stage its start message, in one transaction; the
+    caller sends it (or leaves it to the sweepers)."""
     check_question(request.question)
     workflow_id = workflow_id or uuid.uuid4()
+    now = utcnow()
     with engine.begin() as conn:
-        record_submission(conn, request, workflow_id, utcnow())
-    send_start(app, workflow_id)
-    return workflow_id
+        record_submission(conn, request, workflow_id, now)
+        [staged] = outbox.stage(conn, workflow_id, [start_message(workflow_id)], now)
+    return workflow_id, staged
+
+
+def stage_cancel(engine: Engine, workflow_id: uuid.UUID, reason: str) -> outbox.Staged:
+    """Stage a request that the aggregators end the workflow cancelled."""
+    message = outbox.Message(CANCEL_WORKFLOW_TASK, AGGREGATOR_QUEUE, [str(workflow_id), reason])
+    with engine.begin() as conn:
+        [staged] = outbox.stage(conn, workflow_id, [message], utcnow())
+    return staged
+
+
+def start_message(workflow_id: uuid.UUID) -> outbox.Message:
+    return outbox.Message(START_WORKFLOW_TASK, AGGREGATOR_QUEUE, [str(workflow_id)])
 
 
 _INSERT_WORKFLOW = insert(workflow_table)  # built once, compiled once
