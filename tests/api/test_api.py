@@ -595,6 +595,7 @@ def test_grpc_health_and_reflection_list_the_services_as_grpcurl_would(api: Api)
         "conductor.v1.Workflows",
         "grpc.health.v1.Health",
         "grpc.reflection.v1alpha.ServerReflection",
+        "grpc.reflection.v1.ServerReflection",
     }
     # ... and describe them (grpcurl describe): the Workflows service with all its methods
     files = [
@@ -609,6 +610,26 @@ def test_grpc_health_and_reflection_list_the_services_as_grpcurl_would(api: Api)
         "Cancel",
         "List",
     }
+
+
+def test_a_reflection_v1_only_client_describes_the_workflows_service(api: Api) -> None:
+    # A client that speaks reflection v1 only (tonic's, grpc-java's, Postman): v1's messages
+    # are v1alpha's under another package, so v1alpha's classes write and read them.
+    with grpc.insecure_channel(api.server.grpc_address) as channel:
+        info = channel.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+        )
+        symbol = "conductor.v1.Workflows"
+        ask = reflection_pb2.ServerReflectionRequest(file_containing_symbol=symbol)
+        [described] = list(info(iter([ask]), timeout=5))
+
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in described.file_descriptor_response.file_descriptor_proto
+    ]
+    assert "Workflows" in {s.name for f in files for s in f.service}
 
 
 # -- cancelling ---------------------------------------------------------------------------------

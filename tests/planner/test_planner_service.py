@@ -280,6 +280,7 @@ async def test_reflection_lists_the_planner_health_and_reflection_services() -> 
         "conductor.v1.Planner",
         "grpc.health.v1.Health",
         "grpc.reflection.v1alpha.ServerReflection",
+        "grpc.reflection.v1.ServerReflection",
     }
 
 

@@ -15,12 +15,12 @@ from typing import Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
-from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
 from conductor.errors import InvalidRequest
 from conductor.machine import FINAL_EVENT_KINDS
 from conductor.orchestration import check_text
 from conductor_adapters.rpc.guard import clipped
+from conductor_adapters.rpc.reflection import enable_reflection
 from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
 from conductor_api.auth import identify
 from conductor_api.errors import ApiError, not_found, runs_elsewhere
@@ -186,15 +186,14 @@ def add_workflows_service(
     server: grpc.aio.Server, service: WorkflowService, *, open_access: bool = False
 ) -> Any:
     """Workflows, health (SERVING for "" and the Workflows service while the server runs) and
-    reflection on ``server``; returns the health servicer, for the shutdown to set
+    reflection (v1 and v1alpha) on ``server``; returns the health servicer, for the shutdown to set
     NOT_SERVING."""
     workflows_pb2_grpc.add_WorkflowsServicer_to_server(
         WorkflowsServicer(service, open_access=open_access), server
     )
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
-    names = (WORKFLOWS_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
-    reflection.enable_server_reflection(names, server)
+    enable_reflection((WORKFLOWS_SERVICE, health.SERVICE_NAME), server)
     return checks
 
 

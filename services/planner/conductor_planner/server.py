@@ -20,7 +20,6 @@ from typing import Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
-from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]
 
 from conductor.errors import ConductorError, ConfigurationError, InvalidRequest, WorkerError
 from conductor.ports import PlannerBackend, PlanRequest
@@ -28,6 +27,7 @@ from conductor.variants import MAX_STEPS_LIMIT
 from conductor_adapters.metrics_server import start_metrics_server
 from conductor_adapters.rpc.planner_client import CHANNEL_OPTIONS, PLANNER_SERVICE
 from conductor_adapters.rpc.planner_wire import outcome_to_proto, request_from_proto
+from conductor_adapters.rpc.reflection import enable_reflection
 from conductor_adapters.rpc.v1 import planner_pb2, planner_pb2_grpc
 from conductor_adapters.settings import Settings
 from conductor_planner.backends import create_backend
@@ -227,8 +227,7 @@ async def start_planner_server(
     for name in HEALTH_NAMES:
         await health_servicer.set(name, NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    services = (PLANNER_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME)
-    reflection.enable_server_reflection(services, server)
+    enable_reflection((PLANNER_SERVICE, health.SERVICE_NAME), server)
     try:
         bound: int = server.add_insecure_port(_join(host, port))
     except RuntimeError:
