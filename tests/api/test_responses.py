@@ -470,10 +470,10 @@ FILE = {"type": "input_file", "file_id": "file-1"}
     [
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"tool_choice": "required"}, "tool_choice"),
-        ({"reasoning": {"effort": "high"}}, "reasoning"),
+        ({"reasoning": {"effort": "high", "context": "all_turns"}}, "reasoning.context"),
         ({"text": {"format": {"type": "grammar", "syntax": "lark"}}}, "text.format"),
         ({"background": True}, "background"),
-        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"include": ["reasoning.encrypted_content", "file_search_call.results"]}, "include"),
         ({"truncation": "auto"}, "truncation"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"conversation": "conv_1"}, "conversation"),

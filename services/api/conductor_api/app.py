@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import conductor
 from conductor.orchestration import text_fault
-from conductor_api import chat, jobs, responses, stats, ui
+from conductor_api import chat, jobs, responses, stats, ui, unsupported_endpoints
 from conductor_api.admission import LimitHeaders
 from conductor_api.errors import (
     ApiError,
@@ -244,6 +244,7 @@ def create_app(
     app.include_router(responses.router)
     app.include_router(stats.router)
     app.include_router(ui.router)
+    app.include_router(unsupported_endpoints.router)
 
     app.add_middleware(LimitHeaders)
     app.add_middleware(MetricsMiddleware, metrics=metrics)

@@ -30,14 +30,15 @@ from conductor_adapters.store.keys import record_direct_call
 from conductor_adapters.store.redact import without_addresses
 from conductor_api.admission import admit, request_state
 from conductor_api.auth import CallerDep
-from conductor_api.errors import ApiError, error_body, unsupported
-from conductor_api.images import IMAGE_PART, check_images, message_images
+from conductor_api.chat_request import ChatCompletionRequest
+from conductor_api.errors import ApiError, error_body
+from conductor_api.images import check_images, message_images
 from conductor_api.metrics import ApiMetrics
 from conductor_api.reads import load_workflow
+from conductor_api.request_policy import check_chat
 from conductor_api.schemas import (
     EVENT_STREAM,
     ChatCompletion,
-    ChatCompletionRequest,
     ChatMessageIn,
     ConductorOptions,
     ModelCard,
@@ -211,7 +212,7 @@ async def chat_completions(
     metrics: ApiMetrics = request.app.state.metrics
     created = int(time.time())
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    refuse_unsupported(body)
+    check_chat(body)
     answer_format = answer_format_of(body.response_format)
     tools = tool_use(body.tools, body.tool_choice, body.parallel_tool_calls, nested=True)
     passthrough = body.model in service.worker_names
@@ -284,27 +285,6 @@ async def submit_workflow(
     workflow_id = await service.submit(submission)
     metrics.workflows.labels(submission.variant.name).inc()
     return workflow_id, submission.variant.workflow_timeout_s + WAIT_MARGIN_S
-
-
-def refuse_unsupported(body: ChatCompletionRequest) -> None:
-    """A 400 naming what this API cannot do, rather than a request silently half-honoured."""
-    for i, message in enumerate(body.messages):
-        if message.content is None and not (message.role == "assistant" and message.tool_calls):
-            raise ApiError(400, f"messages[{i}].content: required", param=f"messages[{i}]")
-        if isinstance(message.content, list):
-            for j, part in enumerate(message.content):
-                if part.type == IMAGE_PART:
-                    continue  # where images may go is the route's to say (check_images)
-                if part.type != "text":
-                    raise unsupported(
-                        f"messages[{i}].content[{j}]",
-                        f"{part.type} content is not supported: send text parts, and images "
-                        "to a worker called directly",
-                    )
-                if part.text is None:
-                    raise ApiError(
-                        400, "a text part needs its text", param=f"messages[{i}].content[{j}]"
-                    )
 
 
 def check_tools(

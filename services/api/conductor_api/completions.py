@@ -20,10 +20,12 @@ from starlette.responses import Response
 from conductor.errors import InvalidRequest
 from conductor_api.auth import CallerDep
 from conductor_api.chat import chat_completions
+from conductor_api.chat_request import ChatCompletionRequest
 from conductor_api.errors import ApiError, unsupported
+from conductor_api.request_policy import COMPLETION, refuse_unsupported
 from conductor_api.responses_request import checked_text
 from conductor_api.responses_schemas import CompletionRequest, TextCompletion
-from conductor_api.schemas import EVENT_STREAM, ChatCompletionRequest, ChatMessageIn
+from conductor_api.schemas import EVENT_STREAM, ChatMessageIn
 from conductor_api.sse import STREAM_HEADERS, data_line
 
 router = APIRouter(tags=["OpenAI-compatible"])
@@ -31,12 +33,7 @@ router = APIRouter(tags=["OpenAI-compatible"])
 
 def _check(body: CompletionRequest) -> str:
     """The prompt; a 400 for what a workflow cannot honour."""
-    if body.echo:
-        raise unsupported("echo", "the prompt is not echoed; only false")
-    if body.suffix is not None:
-        raise unsupported("suffix", "a suffix (insertion) is not supported")
-    if body.logprobs is not None:
-        raise unsupported("logprobs", "log probabilities are not available from a workflow")
+    refuse_unsupported(body, COMPLETION)
     prompt = body.prompt
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]

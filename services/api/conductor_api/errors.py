@@ -133,10 +133,29 @@ def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(body, status_code=error.status, headers=headers)
 
 
+def _field(error: dict[str, Any]) -> str:
+    return ".".join(
+        str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path", "header")
+    )
+
+
+def unknown_fields(names: list[str]) -> ApiError:
+    """The 400 for fields the API does not know, naming every one (``param``: the first), as
+    every door answers it: nothing a client asks for is dropped without a word."""
+    listed = ", ".join(names)
+    message = f"{listed}: unknown parameter{'s' if len(names) > 1 else ''}"
+    return ApiError(400, message, code="unknown_parameter", param=names[0])
+
+
+def _unknown(exc: RequestValidationError) -> ApiError | None:
+    """Fields a request model forbids (``extra="forbid"``): a 400 naming them all."""
+    names = [_field(e) for e in exc.errors() if e.get("type") == "extra_forbidden"]
+    return unknown_fields(names) if names else None
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first: dict[str, Any] = exc.errors()[0] if exc.errors() else {}
-    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
-    param = ".".join(loc) or None
+    param = _field(first) or None
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON", None
     message = str(first.get("msg", "invalid request"))
@@ -179,6 +198,9 @@ def install_error_handlers(app: FastAPI) -> None:
                 f"(this request's content type: {content_type or 'none'})"
             )
             return error_response(ApiError(400, message, code="unsupported_content_type"))
+        unknown = _unknown(exc)
+        if unknown is not None:
+            return error_response(unknown)
         message, param = _validation_message(exc)
         return error_response(ApiError(400, message, param=param))
 

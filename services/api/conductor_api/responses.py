@@ -10,10 +10,11 @@ conversation.
 
 A response is stored unless ``store`` is false: it can then be read back, its input items
 listed, continued, and deleted (its workflow's trace stays). Whatever Conductor cannot honour
-(tools, images, files, reasoning options, structured output, background runs) is refused with
-a 400 naming the field, never dropped (``responses_request``); the fields the SDKs send by
-default with values that ask for nothing are accepted. The response object is built in
-``responses_objects``, the streamed events in ``responses_events``.
+(tools where none may be called, files, hosted tools, background runs) is refused with a 400
+naming the field, never dropped (``responses_request``, ``request_policy``); the fields the
+SDKs and Codex CLI send that do not change the answer are accepted. The response object is
+built in ``responses_objects``, the streamed events in ``responses_events``, stored responses
+are read in ``responses_store``, and ``responses_tokens`` counts an input's tokens.
 """
 
 from __future__ import annotations
@@ -36,9 +37,8 @@ from conductor_adapters.store.responses import (
     StoredResponse,
     delete_response,
     insert_response,
-    load_response,
 )
-from conductor_api import completions
+from conductor_api import completions, responses_tokens
 from conductor_api.admission import admit, request_state
 from conductor_api.auth import CallerDep
 from conductor_api.chat import (
@@ -63,9 +63,6 @@ from conductor_api.metrics import ApiMetrics
 from conductor_api.reads import load_workflow
 from conductor_api.responses_events import ResponseEvents
 from conductor_api.responses_objects import (
-    STATUS,
-    output_items,
-    parse_response_id,
     passthrough_object,
     response_object,
     responses_usage,
@@ -76,9 +73,9 @@ from conductor_api.responses_request import (
     conversation,
     first_image,
     input_items,
+    labels_of,
     question,
     text_answer_format,
-    turns,
 )
 from conductor_api.responses_schemas import (
     ResponseCreateRequest,
@@ -86,6 +83,7 @@ from conductor_api.responses_schemas import (
     ResponseInputItemList,
     ResponseObject,
 )
+from conductor_api.responses_store import continued, stored_response
 from conductor_api.schemas import EVENT_STREAM, ChatMessageIn
 from conductor_api.service import CHAT_FIELDS, Caller, WorkflowService
 from conductor_api.sse import STREAM_HEADERS
@@ -109,65 +107,11 @@ _ECHOED = (
     "safety_identifier",
     "prompt_cache_key",
     "service_tier",
+    "text",
 )
 
 
 # -- stored responses ---------------------------------------------------------------------------
-
-
-async def _stored(
-    service: WorkflowService, value: str, tenant: str, param: str | None = None
-) -> StoredResponse:
-    """The tenant's stored response; 404 for another tenant's, a deleted one, or one sent with
-    store=false."""
-    parsed = parse_response_id(value)
-    found = None
-    if parsed is not None:
-        found = await asyncio.to_thread(load_response, service.engine, parsed, tenant)
-    if found is None or found.deleted_at is not None:
-        error = not_found(f"response {value!r}")
-        error.param = param
-        raise error
-    if not found.store:
-        raise ApiError(
-            404,
-            f"response {value!r} was created with store=false: it is not kept, so it cannot be "
-            "read back or continued",
-            code="not_found",
-            param=param,
-        )
-    return found
-
-
-async def _answer_of(service: WorkflowService, stored: StoredResponse) -> tuple[str | None, str]:
-    """A stored response's answer (None while it has none) and its status."""
-    if stored.workflow_id is None:
-        return (stored.output or {}).get("text"), "completed"
-    view = await asyncio.to_thread(load_workflow, service.engine, stored.workflow_id, stored.tenant)
-    if view is None:
-        return None, "failed"
-    return view.answer if view.status == "completed" else None, STATUS[view.status]
-
-
-async def _continued(
-    service: WorkflowService, previous_id: str, tenant: str
-) -> list[dict[str, str]]:
-    """The conversation a response continues: the earlier one's, its input and its answer."""
-    previous = await _stored(service, previous_id, tenant, param="previous_response_id")
-    answer, status = await _answer_of(service, previous)
-    if status in ("queued", "in_progress"):
-        raise ApiError(
-            400,
-            f"previous_response_id: response {previous_id!r} is still in progress; continue it "
-            "once it has finished",
-            code="previous_response_in_progress",
-            param="previous_response_id",
-        )
-    history = previous.history + turns(previous.input_items)
-    calls = (previous.output or {}).get("tool_calls") or []
-    if answer is not None or calls:
-        history += turns(output_items(previous, answer or "", calls))
-    return history
 
 
 async def _keep_passthrough(
@@ -269,7 +213,7 @@ async def create_response(
     items = input_items(body.input)
     history: list[dict[str, str]] = []
     if body.previous_response_id is not None:
-        history = await _continued(service, body.previous_response_id, caller.tenant)
+        history = await continued(service, body.previous_response_id, caller.tenant)
     stored = StoredResponse(
         id=uuid.uuid4(),
         tenant=caller.tenant,
@@ -281,7 +225,7 @@ async def create_response(
         instructions=body.instructions,
         previous_response_id=body.previous_response_id,
         settings={k: getattr(body, k) for k in _ECHOED if getattr(body, k) is not None},
-        labels=dict(body.metadata or {}),
+        labels=labels_of(body),
         output=None,
         created_at=datetime.now(UTC),
     )
@@ -308,7 +252,7 @@ async def create_response(
         question(messages),
         model=body.model,
         options=body.conductor,
-        metadata=body.metadata,
+        metadata=stored.labels,
         fields=RESPONSE_FIELDS,
         answer_format=answer_format,
     )
@@ -355,7 +299,7 @@ async def _passthrough(
 async def get_response(response_id: str, request: Request, caller: CallerDep) -> JSONResponse:
     """A stored response as it is now: in progress while its workflow runs, then its answer."""
     service: WorkflowService = request.app.state.service
-    stored = await _stored(service, response_id, caller.tenant)
+    stored = await stored_response(service, response_id, caller.tenant)
     if stored.workflow_id is None:
         return JSONResponse(passthrough_object(stored))
     view = await asyncio.to_thread(load_workflow, service.engine, stored.workflow_id, caller.tenant)
@@ -369,7 +313,7 @@ async def remove_response(response_id: str, request: Request, caller: CallerDep)
     """Delete a stored response: it can no longer be read or continued, and what it was asked
     is dropped; its workflow (if any) keeps running and its trace stays for audit."""
     service: WorkflowService = request.app.state.service
-    stored = await _stored(service, response_id, caller.tenant)
+    stored = await stored_response(service, response_id, caller.tenant)
     deleted = await asyncio.to_thread(delete_response, service.engine, stored.id, caller.tenant)
     if not deleted:  # deleted meanwhile
         raise not_found(f"response {response_id!r}")
@@ -392,7 +336,7 @@ async def list_input_items(
     """The response's input items (not the earlier responses' it continues), a page at a time."""
     service: WorkflowService = request.app.state.service
     _refuse_include(request)
-    stored = await _stored(service, response_id, caller.tenant)
+    stored = await stored_response(service, response_id, caller.tenant)
     items = stored.input_items if order == "asc" else stored.input_items[::-1]
     start = 0
     if after is not None:
@@ -420,5 +364,6 @@ def _refuse_include(request: Request) -> None:
             raise unsupported("include", "an input item holds its text only; leave it out")
 
 
-# /v1/completions comes with this router (app.py includes this one).
+# /v1/completions and /v1/responses/input_tokens come with this router (app.py includes it).
 router.include_router(completions.router)
+router.include_router(responses_tokens.router)

@@ -139,7 +139,7 @@ def response_object(
         "tool_choice": settings.get("tool_choice", "auto"),
         "tools": settings.get("tools", []),
         "truncation": "disabled",
-        "text": {"format": {"type": "text"}, "verbosity": "medium"},
+        "text": {"format": _text_format(settings.get("text")), "verbosity": "medium"},
         "reasoning": {"effort": None, "summary": None},
         "background": False,
         "service_tier": settings.get("service_tier", "default"),
@@ -148,6 +148,13 @@ def response_object(
         "prompt_cache_key": settings.get("prompt_cache_key"),
         "conductor": conductor,
     }
+
+
+def _text_format(text: Any) -> dict[str, Any]:
+    """``text.format`` as the request asked for it (structured output: json_object, or
+    json_schema with its name and schema), plain text when it asked for none."""
+    form = text.get("format") if isinstance(text, dict) else None
+    return form if isinstance(form, dict) else {"type": "text"}
 
 
 def workflow_object(stored: StoredResponse, view: WorkflowView) -> dict[str, Any]:

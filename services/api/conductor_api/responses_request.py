@@ -15,29 +15,30 @@ from conductor.answer_format import AnswerFormat
 from conductor.orchestration import MAX_QUESTION_CHARS, text_fault
 from conductor_adapters.store.responses import StoredResponse
 from conductor_api.chat import render_question
-from conductor_api.errors import ApiError, invalid, unsupported
+from conductor_api.errors import ApiError, invalid, unknown_fields, unsupported
 from conductor_api.images import IMAGE_PART, image_part
+from conductor_api.request_policy import RESPONSES, blank, refuse_unsupported
 from conductor_api.responses_schemas import ResponseCreateRequest
-from conductor_api.schemas import MAX_MESSAGES, ChatMessageIn, ContentPart
+from conductor_api.schemas import (
+    MAX_LABEL_VALUE_CHARS,
+    MAX_LABELS,
+    MAX_MESSAGES,
+    ChatMessageIn,
+    ContentPart,
+)
 from conductor_api.tools import tool_call
 
 ROLES = ("user", "system", "developer", "assistant")
 Role = Literal["user", "system", "developer", "assistant", "tool"]
 TEXT_PARTS = ("input_text", "output_text")
-# Fields with no neutral value but null (or an object of nulls): any other is refused.
-_REFUSED = {
-    "conversation": "conversations are not supported; continue with previous_response_id",
-    "prompt": "prompt templates are not supported; send the input",
-    "context_management": "context management is not supported",
-    "moderation": "moderation is not supported",
-    "prompt_cache_options": "prompt cache options are not supported",
-    "prompt_cache_retention": "prompt cache retention is not supported",
+# What may be asked for with include: Codex CLI asks for its reasoning items' encrypted content
+# with every request, and a workflow returns no reasoning items, so there is nothing to add.
+INCLUDABLE = ("reasoning.encrypted_content",)
+REASONING = {
+    "effort": (None, "none", "minimal", "low", "medium", "high", "xhigh"),
+    "summary": (None, "auto", "concise", "detailed", "none"),
+    "generate_summary": (None, "auto", "concise", "detailed", "none"),
 }
-
-
-def _blank(value: Any) -> bool:
-    """An object that asks for nothing: null, or a mapping whose values are all null."""
-    return value is None or (isinstance(value, dict) and all(v is None for v in value.values()))
 
 
 def text_answer_format(text: Any) -> AnswerFormat | None:
@@ -63,47 +64,39 @@ def text_answer_format(text: Any) -> AnswerFormat | None:
 
 def check_supported(body: ResponseCreateRequest) -> None:
     """Refuse, with a 400 naming it, every field Conductor cannot honour unless it carries a
-    value that asks for nothing; and every field the API does not know."""
-    for name in body.model_extra or {}:
-        raise ApiError(400, f"{name}: unknown parameter", code="unknown_parameter", param=name)
-    if body.truncation not in (None, "disabled"):
-        raise unsupported(
-            "truncation",
-            'only "disabled": a conversation over the limit is refused, never cut',
-        )
-    if body.include:
-        raise unsupported(
-            "include",
-            f"{body.include[0]!r} cannot be included: a response holds its text and usage only; "
-            "send [] or leave it out",
-        )
-    _check_text(body.text)
-    if not _blank(body.reasoning):
-        raise unsupported(
-            "reasoning",
-            "reasoning options are not supported: each worker runs with the settings of the "
-            "pool file",
-        )
-    if body.background not in (None, False):
-        raise unsupported(
-            "background",
-            "background responses are not supported: submit the question to the job API "
-            "(POST /v1/workflows) to run it without waiting",
-        )
-    if body.service_tier not in (None, "auto", "default"):
-        raise unsupported("service_tier", 'only "auto" or "default"')
-    # 0 only: not False, which equals 0 in Python
-    if body.top_logprobs is not None and not (
-        type(body.top_logprobs) is int and body.top_logprobs == 0
-    ):
-        raise unsupported("top_logprobs", "log probabilities are not available from a workflow")
-    for name, why in _REFUSED.items():
-        if not _blank(getattr(body, name)):
-            raise unsupported(name, why)
+    value that asks for nothing (``request_policy.RESPONSES``), and what ``include``, ``text``
+    and ``reasoning`` hold that it does not know or cannot honour. (A field the API does not
+    know is refused by the request model.)"""
+    refuse_unsupported(body, RESPONSES)
+    for value in body.include or []:
+        if value not in INCLUDABLE:
+            raise unsupported(
+                "include",
+                f"{value!r} cannot be included: a response holds its text and usage only; "
+                'send [] or ["reasoning.encrypted_content"] (there are no reasoning items)',
+            )
+    check_text(body.text)
+    check_reasoning(body.reasoning)
 
 
-def _check_text(text: Any) -> None:
-    if _blank(text):
+def check_reasoning(reasoning: Any) -> None:
+    """Reasoning settings are accepted and have no effect (each worker runs with the pool
+    file's settings, and no reasoning items or summaries are returned); what they hold must
+    still be reasoning settings."""
+    if reasoning is None:
+        return
+    if not isinstance(reasoning, dict):
+        raise invalid("reasoning", "expected an object with effort and summary")
+    for key, value in reasoning.items():
+        if key not in REASONING:
+            raise unknown_fields([f"reasoning.{key}"])
+        if value not in REASONING[key]:
+            allowed = ", ".join(str(v) for v in REASONING[key] if v is not None)
+            raise invalid(f"reasoning.{key}", f"expected one of {allowed} or null")
+
+
+def check_text(text: Any) -> None:
+    if blank(text):
         return
     if not isinstance(text, dict):
         raise unsupported("text", 'expected {"format": {...}}')
@@ -114,9 +107,18 @@ def _check_text(text: Any) -> None:
             if value not in (None, "medium"):
                 raise unsupported("text.verbosity", "verbosity cannot be set on a workflow")
         else:
-            raise ApiError(
-                400, f"text.{key}: unknown parameter", code="unknown_parameter", param=f"text.{key}"
-            )
+            raise unknown_fields([f"text.{key}"])
+
+
+def labels_of(body: ResponseCreateRequest) -> dict[str, str]:
+    """The response's labels: its ``metadata``, and its ``client_metadata`` kept beside them
+    (Codex CLI's session ids; ``metadata`` wins a name both hold), each value cut to a label's
+    length."""
+    labels = {k: v[:MAX_LABEL_VALUE_CHARS] for k, v in (body.client_metadata or {}).items()}
+    labels.update(body.metadata or {})
+    if len(labels) > MAX_LABELS:
+        raise invalid("client_metadata", f"with metadata, at most {MAX_LABELS} labels in all")
+    return labels
 
 
 def checked_text(text: str, param: str) -> str:

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from conductor_api.chat_request import StreamOptions
 from conductor_api.schemas import (
     MAX_LABELS,
     MAX_MESSAGES,
@@ -22,7 +23,6 @@ from conductor_api.schemas import (
     ConductorOptions,
     LabelValue,
     Name,
-    StreamOptions,
     Text,
 )
 
@@ -36,7 +36,7 @@ _PART_SCHEMA = {
     },
     "required": ["type", "text"],
 }
-_INPUT_SCHEMA: dict[str, Any] = {
+INPUT_SCHEMA: dict[str, Any] = {
     "anyOf": [
         {"type": "string"},
         {
@@ -77,17 +77,21 @@ class ResponseStreamOptions(BaseModel):
     include_obfuscation: bool | None = Field(
         default=None, description="Accepted; events are never padded."
     )
+    # Codex sends it to OpenAI's own endpoint; no reasoning summaries are streamed here.
+    reasoning_summary_delivery: ClientStr | None = Field(
+        default=None, max_length=64, description="Accepted; no reasoning summaries are sent."
+    )
 
 
 class ResponseCreateRequest(BaseModel):
     """The OpenAI ``responses.create`` request, answered by a workflow (model = a variant) or
-    one worker (model = its name)."""
+    one worker (model = its name). An unknown field is refused."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     model: Name = Field(description="A variant (e.g. conductor-ultra) or a worker's name.")
     # Checked by the route, which names the item and part at fault (input.2.content.0).
-    input: Annotated[Any, WithJsonSchema(_INPUT_SCHEMA)] = Field(
+    input: Annotated[Any, WithJsonSchema(INPUT_SCHEMA)] = Field(
         description=(
             "A string (one user message), or input items: messages with role user, system, "
             f"developer or assistant (at most {MAX_MESSAGES}), content a string or input_text / "
@@ -117,6 +121,12 @@ class ResponseCreateRequest(BaseModel):
     metadata: dict[Name, LabelValue] | None = Field(
         default=None, max_length=MAX_LABELS, description="Labels, kept with the workflow."
     )
+    client_metadata: dict[Name, ClientStr] | None = Field(
+        default=None,
+        max_length=MAX_LABELS,
+        description="Kept with metadata as labels (metadata wins a name both hold), each value "
+        "cut to a label's 512 characters; Codex CLI sends its session's ids here.",
+    )
     conductor: ConductorOptions | None = None
     # A worker called directly takes it instead of its own (as in chat completions).
     temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
@@ -136,9 +146,21 @@ class ResponseCreateRequest(BaseModel):
     )
     tool_choice: Any = Field(default=None, description='"auto", "none", "required" or a function.')
     truncation: Any = Field(default=None, description='Only "disabled".')
-    include: list[Any] | None = Field(default=None, description="Only [].")
-    text: Any = Field(default=None, description='Only {"format": {"type": "text"}}.')
-    reasoning: Any = Field(default=None, description=_REFUSED)
+    include: list[Any] | None = Field(
+        default=None,
+        description='[] or ["reasoning.encrypted_content"] (accepted; no reasoning items are '
+        "returned).",
+    )
+    text: Any = Field(
+        default=None,
+        description="format: text, json_object or json_schema (structured output); verbosity: "
+        'only "medium".',
+    )
+    reasoning: Any = Field(
+        default=None,
+        description="effort and summary: accepted, no effect (each worker runs with the pool "
+        "file's settings; no reasoning items or summaries are returned).",
+    )
     background: Any = Field(default=None, description="Only false.")
     service_tier: Any = Field(default=None, description='Only "auto" or "default".')
     top_logprobs: Any = Field(default=None, description="Only 0.")
@@ -276,9 +298,10 @@ class ResponseDeleted(BaseModel):
 class CompletionRequest(BaseModel):
     """The legacy OpenAI completion request, answered as a chat completion of one user message
     (the prompt). ``max_tokens`` and ``temperature`` work as in chat completions; other
-    sampling fields (stop, top_p, ...) are accepted and have no effect."""
+    sampling fields (stop, top_p, ...) are accepted and have no effect; an unknown field is
+    refused."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     model: Name = Field(description="A variant (e.g. conductor-ultra) or a worker's name.")
     # Checked by the route (a union's errors would name its members in the param).
@@ -296,6 +319,14 @@ class CompletionRequest(BaseModel):
     metadata: dict[Name, LabelValue] | None = Field(default=None, max_length=MAX_LABELS)
     max_tokens: int | None = Field(default=None, ge=1, strict=True)
     temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
+    # Accepted, no effect on the answer.
+    top_p: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    stop: Any = Field(default=None, description="A string or a list of them; no effect.")
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2, allow_inf_nan=False)
+    seed: int | None = Field(default=None, strict=True)
+    user: ClientStr | None = Field(default=None, max_length=512)
+    logit_bias: Any = Field(default=None, description="Only {}.")
 
 
 class CompletionChoiceText(BaseModel):

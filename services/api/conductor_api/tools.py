@@ -20,6 +20,13 @@ from conductor.pool import TOOL_CALLING_PROVIDERS, WorkerSpec
 from conductor_api.errors import ApiError, invalid, unsupported
 
 CHOICES = ("auto", "none", "required")
+# Tools the client does not run itself, and how the clients that send them by default stop.
+HOSTED = {
+    "web_search": "No worker searches the web for a request; Codex CLI sends it unless its "
+    'config.toml says web_search = "disabled" (or -c web_search=disabled).',
+    "namespace": "Codex CLI groups an MCP server's or app's functions in a namespace, whose "
+    "calls name it; workers take plain functions only: run Codex without MCP servers and apps.",
+}
 TOOL_WORKERS = ", ".join(sorted(p.value for p in TOOL_CALLING_PROVIDERS))
 
 
@@ -50,9 +57,11 @@ def _tool_list(raw: list[Any], nested: bool) -> list[ToolSpec]:
         if not isinstance(tool, Mapping):
             raise invalid(param, "expected a tool object")
         if tool.get("type") != "function":
+            kind = tool.get("type")
             raise unsupported(
                 f"{param}.type",
-                f"{tool.get('type')!r} tools are not supported: function tools only",
+                f"{kind!r} tools are not supported: function tools only. "
+                + HOSTED.get(str(kind), "No worker runs a provider's built-in tools."),
             )
         function = tool.get("function") if nested else tool
         specs.append(_tool_spec(function, f"{param}.function" if nested else param))
