@@ -37,9 +37,9 @@ OUTCOMES, ROUTER = "outcomes", "router"
 REASON = "This question suits one model best; it answers alone."
 # One subtask per kind of question. Short (the plan must fit the completion budget) and not one
 # of the few-shot examples' subtasks (a copied example subtask is an invalid plan).
-MATH_SUBTASK = "Work out the question step by step and give the final answer."
-CHOICE_SUBTASK = "Choose the right option of the question and give its letter."
-CODE_SUBTASK = "Write the Python code the question asks for."
+MATH_SUBTASK = "Solve step by step."
+CHOICE_SUBTASK = "Give the right option's letter."
+CODE_SUBTASK = "Write the Python function."
 GENERAL_SUBTASK = "Solve the question."
 _KEYWORDS = (  # for outcome tables, whose domains are their benchmarks' names
     (CODE_SUBTASK, ("mbpp", "humaneval", "code")),

@@ -22,9 +22,9 @@ MAX_ANSWER_CHARS_IN_PROMPT = 1500
 # at the start, and every worker still receives the question whole. About 250 tokens.
 COMPACT_QUESTION_HEAD_CHARS = 150
 COMPACT_QUESTION_TAIL_CHARS = 800
-# The minimal form keeps less of a long question: about 150 tokens, enough to tell what is asked.
+# The minimal form keeps less of a long question: about 100 tokens, enough to tell what is asked.
 MINIMAL_QUESTION_HEAD_CHARS = 100
-MINIMAL_QUESTION_TAIL_CHARS = 500
+MINIMAL_QUESTION_TAIL_CHARS = 300
 
 _TASK = """You are the Conductor. You answer questions by querying a team of language models \
 with different skills; you never answer yourself. Write a workflow of 1 to {max_steps} steps. \
@@ -57,10 +57,9 @@ _COMPACT_JSON_OUTPUT = """Output JSON: {"reasoning": str, "steps": [{"model_id":
 
 # The minimal form: the output format and nothing else, for checkpoints trained on it (sampled
 # routing plans took 32 tokens without their line of reasoning and 44 with it, simulated pool).
-_MINIMAL_TASK = "Plan 1 to {max_steps} steps for these models; never answer yourself."
+_MINIMAL_TASK = "Plan 1 to {max_steps} steps for these models."
 
-_MINIMAL_LISTS_OUTPUT = """Output only:
-model_id = [...]
+_MINIMAL_LISTS_OUTPUT = """model_id = [...]
 subtasks = [...]
 access_list = [...]"""
 
@@ -85,14 +84,16 @@ complete, stop with an empty list of steps."""
 
 def render_pool(pool: list[PoolEntry], *, form: PromptForm = PromptForm.FULL) -> str:
     """The numbered pool: by description (by name where a worker has none), or in the minimal
-    form by name, which a trained planner has learnt and which costs a few tokens."""
+    form by name and number alone ("2: sim-coder"), which a trained planner has learnt and
+    which costs a few tokens."""
     compact = form in (PromptForm.COMPACT, PromptForm.MINIMAL)
+    label = "" if form is PromptForm.MINIMAL else "Model "
     lines = []
     for model_id, entry in enumerate(pool):
         if entry.is_conductor and compact:
             lines.append(
-                f"Model {model_id}: you; only as the last step, after another, to see the answers "
-                "and plan more."
+                f"{label}{model_id}: you; only as the last step, after another, to see the "
+                "answers and plan more."
             )
         elif entry.is_conductor:
             lines.append(
@@ -100,7 +101,7 @@ def render_pool(pool: list[PoolEntry], *, form: PromptForm = PromptForm.FULL) ->
                 "least one other step, to see the answers so far and write more steps."
             )
         elif form is PromptForm.MINIMAL:
-            lines.append(f"Model {model_id}: {entry.name}")
+            lines.append(f"{model_id}: {entry.name}")
         else:
             lines.append(f"Model {model_id}: {entry.description or entry.name}")
     return "\n".join(lines)
