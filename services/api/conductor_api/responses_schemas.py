@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from conductor.orchestration import MAX_QUESTION_CHARS
 from conductor_api.chat_request import StreamOptions
 from conductor_api.schemas import (
     MAX_LABELS,
@@ -68,6 +69,8 @@ _PROMPT_SCHEMA: dict[str, Any] = {
         {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
     ]
 }
+# Cut to a label's length when kept; past the question's length, refused.
+ClientMetadataValue = Annotated[ClientStr, Field(max_length=MAX_QUESTION_CHARS)]
 _REFUSED = "Refused (400) unless null or its neutral value: Conductor cannot honour it."
 
 
@@ -121,7 +124,7 @@ class ResponseCreateRequest(BaseModel):
     metadata: dict[Name, LabelValue] | None = Field(
         default=None, max_length=MAX_LABELS, description="Labels, kept with the workflow."
     )
-    client_metadata: dict[Name, ClientStr] | None = Field(
+    client_metadata: dict[Name, ClientMetadataValue] | None = Field(
         default=None,
         max_length=MAX_LABELS,
         description="Kept with metadata as labels (metadata wins a name both hold), each value "
