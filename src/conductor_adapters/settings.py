@@ -49,6 +49,9 @@ class Settings(BaseSettings):
 
     # Traces. The default is a SQLite file in the user's data directory.
     database_url: str = Field(default_factory=_default_database_url)
+    # `conductor traces prune`: days a workflow is kept (a tenant may have its own, set with
+    # `conductor traces retention set`). Unset: kept forever.
+    trace_retention_days: int | None = Field(default=None, ge=1, le=36_500)
     # Worker pool file (YAML). Unset: the local worker plus each cloud worker whose key is set.
     pool_file: Path | None = None
     # Operator-defined variants (YAML ``variants: {NAME: {max_steps, ...}}``), besides the

@@ -224,7 +224,7 @@ def test_upgrade_is_idempotent(database_url: str) -> None:
     finally:
         engine.dispose()
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert list(versions) == [head] == ["0012"]
+    assert list(versions) == [head] == ["0013"]
     assert count == 1
 
 
@@ -248,6 +248,7 @@ async def test_deleting_a_workflow_cascades_to_steps_and_attempts(engine: Engine
         "webhook_delivery": [],
         "direct_call": [],
         "outbox": [],
+        "tenant_retention": [],
     }
 
 

@@ -132,6 +132,9 @@ class WorkflowRow(DbModel, table=True):
     key_id: str | None = Field(default=None, max_length=32)
     # Where the job's outcome is delivered (a webhook); NULL: its key's default, if any.
     callback_url: str | None = Field(default=None, max_length=2048)
+    # When `conductor traces export` first wrote it (NULL: never): a workflow with feedback
+    # or a reference label is kept past its retention until then (store/retention.py).
+    exported_at: datetime | None = Field(default=None, sa_type=UTCDateTime())
 
     __table_args__ = (
         # A tenant's workflows, newest first, a page at a time.
@@ -406,6 +409,17 @@ class DirectCallRow(DbModel, table=True):
     __table_args__ = (Index("ix_direct_call_key_at", "key_id", "at"),)
 
 
+class TenantRetentionRow(DbModel, table=True):
+    """A tenant's own retention, overriding the deployment's (CONDUCTOR_TRACE_RETENTION_DAYS):
+    its workflows are kept this many days; NULL: kept forever."""
+
+    __tablename__ = "tenant_retention"
+
+    tenant: str = Field(primary_key=True, max_length=63)
+    retention_days: int | None = None
+    updated_at: datetime = Field(default_factory=_utcnow, sa_type=UTCDateTime())
+
+
 workflow_table: Table = metadata.tables["workflow"]
 step_table: Table = metadata.tables["step"]
 attempt_table: Table = metadata.tables["attempt"]
@@ -417,3 +431,4 @@ response_table: Table = metadata.tables["response"]
 webhook_delivery_table: Table = metadata.tables["webhook_delivery"]
 direct_call_table: Table = metadata.tables["direct_call"]
 outbox_table: Table = metadata.tables["outbox"]
+tenant_retention_table: Table = metadata.tables["tenant_retention"]
