@@ -191,6 +191,25 @@ def test_responses_refuse_reasoning_and_include_values_they_do_not_know(
     _refused(_post(api, "/v1/responses", body), param)
 
 
+def test_responses_accept_the_reasoning_settings_codex_sends_to_openai(api: Api) -> None:
+    # Codex adds stream_options when its provider is OpenAI's own (base URL overridden)
+    body = {
+        "model": "alpha",
+        "input": "What is 6 * 7?",
+        "stream": True,
+        "stream_options": {"reasoning_summary_delivery": "sequential_cutoff"},
+        "reasoning": {"effort": "xhigh", "summary": "detailed"},
+        "include": ["reasoning.encrypted_content"],
+    }
+
+    events = _events(_post(api, "/v1/responses", body))
+
+    completed = events[-1]["response"]
+    assert completed["status"] == "completed"
+    assert completed["reasoning"] == {"effort": None, "summary": None}  # nothing was applied
+    assert [item["type"] for item in completed["output"]] == ["message"]
+
+
 def test_a_response_echoes_the_json_schema_format_it_was_asked_for(client: openai.OpenAI) -> None:
     schema = {
         "type": "object",
