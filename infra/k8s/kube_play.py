@@ -32,7 +32,8 @@ changes only what one host without a cluster, and podman 4.3 (Debian bookworm's)
   which these machines do not have, and it refuses declared ports on the host's network.
   `probe` runs them from outside, as the kubelet does; preStop hooks go too (podman has none);
 - Services, NetworkPolicies, PodDisruptionBudgets, the Namespace and the ServiceAccount have no
-  meaning to podman and are left out.
+  meaning to podman and are left out; so is the CronJob trace-prune (a schedule; its command,
+  `conductor traces prune`, is tested on its own).
 """
 
 from __future__ import annotations
