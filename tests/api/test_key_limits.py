@@ -3,6 +3,8 @@ minute, workflows at once, and a budget per period; each refusal a 429 with Retr
 
 from __future__ import annotations
 
+import logging
+import socket
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +20,8 @@ from conductor.pool import Price
 from conductor_adapters.rpc.v1 import workflows_pb2, workflows_pb2_grpc
 from conductor_adapters.store.db import make_engine, upgrade
 from conductor_adapters.store.keys import KeyLimits, create_key
+from conductor_api.errors import ApiError
+from conductor_api.key_limits import KeyLimiter
 from conductor_cli import app as cli_app
 
 from fakes.api_fixture import QUESTION, Api
@@ -239,3 +243,31 @@ def test_conductor_keys_sets_and_shows_limits(tmp_path: Path) -> None:
     assert "a budget needs its period" in str(no_period.exception)
     unknown = runner.invoke(cli_app, ["keys", "limit", uuid.uuid4().hex[:12]], env=env)
     assert unknown.exit_code != 0
+
+
+async def test_requests_per_minute_are_counted_in_this_process_while_redis_is_down(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given the distributed API's limiter, whose Redis does not answer (a port nobody listens
+    # on), and a key allowed 2 requests a minute
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # free once closed: nothing listens there
+    engine = make_engine(f"sqlite:///{tmp_path / 'c.db'}")
+    limiter = KeyLimiter.on_redis(engine, f"redis://127.0.0.1:{port}/0", "test:")
+    limits = KeyLimits(rpm_limit=2)
+
+    # When the key sends three requests
+    with caplog.at_level(logging.WARNING):
+        first = await limiter.admit("key-1", limits, starts_workflow=True)
+        second = await limiter.admit("key-1", limits, starts_workflow=True)
+        with pytest.raises(ApiError) as third:
+            await limiter.admit("key-1", limits, starts_workflow=True)
+    engine.dispose()
+
+    # Then each is judged, not answered 500: two admitted and the third refused, counted in
+    # this process for as long as Redis is away, and the log says so once
+    assert first["x-ratelimit-remaining-requests"] == "1"
+    assert second["x-ratelimit-remaining-requests"] == "0"
+    assert third.value.status == 429
+    assert caplog.text.count("counted in this process") == 1

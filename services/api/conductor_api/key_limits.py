@@ -3,32 +3,40 @@ minute, workflows at once, and a budget per day or month.
 
 Requests per minute use the ``limits`` library's moving window, in Redis for the distributed
 API (every replica shares one window per key) and in memory for the embedded one (one
-process). The other three are read from the trace table, which every replica and runtime
-writes: a key's workflows queued or running, the tokens of its workflows that ended in the
-last minute, and the cost of those it submitted this period; its calls of single workers
-(pass-through) add their tokens and cost from the ``direct_call`` table. They are exact
-whatever replica took the work; their limits hold from the next request on (a request
-running when a budget is spent finishes).
+process). While that Redis cannot be reached, each replica counts a key's requests in its own
+memory instead: the limit still holds per process (so, with N replicas, a key may get up to N
+times its rate meanwhile), and no request fails for want of Redis. The other three are read
+from the trace table, which every replica and runtime writes: a key's workflows queued or
+running, the tokens of its workflows that ended in the last minute, and the cost of those it
+submitted this period; its calls of single workers (pass-through) add their tokens and cost
+from the ``direct_call`` table. They are exact whatever replica took the work; their limits
+hold from the next request on (a request running when a budget is spent finishes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from limits import RateLimitItemPerMinute
+from limits import RateLimitItem, RateLimitItemPerMinute
 from limits.aio.storage import MemoryStorage, RedisStorage, Storage
 from limits.aio.strategies import MovingWindowRateLimiter
+from limits.errors import StorageError
 from sqlalchemy import Engine, func, select
 
 from conductor_adapters.store.keys import KeyLimits
 from conductor_adapters.store.models import direct_call_table, workflow_table
 from conductor_api.errors import ApiError
 
+logger = logging.getLogger(__name__)
+
 ACTIVE = ("queued", "running")
+# A Redis that does not answer within this is treated as down (counted in memory meanwhile).
+REDIS_TIMEOUT_S = 2.0
 RETRY_WHEN_BUSY_S = 5  # a key at its concurrency limit: a workflow may end any moment
 
 
@@ -107,13 +115,43 @@ class KeyLimiter:
     def __init__(self, engine: Engine, storage: Storage | None = None) -> None:
         self.engine = engine
         self.requests = MovingWindowRateLimiter(storage or MemoryStorage())
+        # Where requests are counted while the shared storage cannot be reached.
+        self._local = MovingWindowRateLimiter(MemoryStorage())
+        self._shared_down = False
 
     @classmethod
     def on_redis(cls, engine: Engine, redis_url: str, prefix: str) -> KeyLimiter:
         storage = RedisStorage(
-            f"async+{redis_url}", implementation="redispy", key_prefix=f"{prefix}limits"
+            f"async+{redis_url}",
+            implementation="redispy",
+            key_prefix=f"{prefix}limits",
+            wrap_exceptions=True,  # any failure of Redis is a StorageError
+            socket_timeout=REDIS_TIMEOUT_S,
+            socket_connect_timeout=REDIS_TIMEOUT_S,
         )
         return cls(engine, storage)
+
+    async def _count(self, item: RateLimitItem, key_id: str) -> tuple[bool, float, int]:
+        """Count one request of ``key_id``: admitted, when its window resets, how many are
+        left; in this process's memory while the shared storage fails."""
+        try:
+            admitted = await self.requests.hit(item, key_id)
+            stats = await self.requests.get_window_stats(item, key_id)
+        except StorageError as exc:
+            if not self._shared_down:
+                logger.warning(
+                    "requests per minute are counted in this process while their Redis "
+                    "cannot be reached (%s)",
+                    exc.storage_error,
+                )
+                self._shared_down = True
+            admitted = await self._local.hit(item, key_id)
+            stats = await self._local.get_window_stats(item, key_id)
+            return admitted, stats.reset_time, stats.remaining
+        if self._shared_down:
+            logger.warning("requests per minute are counted in Redis again")
+            self._shared_down = False
+        return admitted, stats.reset_time, stats.remaining
 
     async def admit(
         self, key_id: str | None, limits: KeyLimits | None, *, starts_workflow: bool
@@ -125,13 +163,12 @@ class KeyLimiter:
         headers: dict[str, str] = {}
         if limits.rpm_limit is not None:
             item = RateLimitItemPerMinute(limits.rpm_limit)
-            admitted = await self.requests.hit(item, key_id)
-            stats = await self.requests.get_window_stats(item, key_id)
-            reset_s = max(0, math.ceil(stats.reset_time - time.time()))
+            admitted, reset_time, remaining = await self._count(item, key_id)
+            reset_s = max(0, math.ceil(reset_time - time.time()))
             headers.update(
                 {
                     "x-ratelimit-limit-requests": str(limits.rpm_limit),
-                    "x-ratelimit-remaining-requests": str(stats.remaining),
+                    "x-ratelimit-remaining-requests": str(remaining),
                     "x-ratelimit-reset-requests": f"{reset_s}s",
                 }
             )
