@@ -12,8 +12,9 @@ one short transaction per batch, continuing after the last row of the previous b
 rows kept for training are not read again). On PostgreSQL a batch locks only the rows it
 takes, ``FOR UPDATE SKIP LOCKED`` (a row a live writer holds is left for the next run), and
 waits at most ``LOCK_TIMEOUT_MS`` for any lock. New workflows are rows of their own, which
-no batch touches: inserts never wait for a prune. On SQLite a batch takes the database's write
-lock for its few milliseconds (``BEGIN IMMEDIATE``), as any writer does.
+no batch touches: inserts never wait for a prune. On SQLite a batch holds the database's write
+lock (``BEGIN IMMEDIATE``) for its length, as any writer does (a few hundred milliseconds for
+1,000 workflows): a smaller batch shortens the wait it can cause.
 """
 
 from __future__ import annotations
