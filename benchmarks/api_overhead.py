@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import openai  # noqa: E402
 
 from conductor_adapters.store.keys import create_key  # noqa: E402
-from conductor_api.service import Caller  # noqa: E402
+from conductor_api.rules import Caller  # noqa: E402
 
 from fakes.api_server import LiveApi, scripted_service  # noqa: E402
 from fakes.scripted import ScriptedWorker  # noqa: E402
@@ -54,9 +54,8 @@ def direct(database: Path, count: int, latency: float) -> tuple[float, list[floa
 
     async def one() -> float:
         started = time.perf_counter()
-        request = service.submission(caller, "What is 6 * 7?", variant="conductor-ultra")
-        workflow_id = await service.submit(request)
-        async for _ in service.follow(workflow_id, caller.tenant):
+        accepted = await service.start_workflow(caller, "What is 6 * 7?", variant="conductor-ultra")
+        async for _ in service.follow(accepted.workflow_id, caller.tenant):
             pass
         return time.perf_counter() - started
 

@@ -41,8 +41,7 @@ if TYPE_CHECKING:
     from conductor_aggregator.metrics import AggregatorMetrics
     from conductor_aggregator.service import Aggregator
     from conductor_aggregator.settings import AggregatorSettings
-    from conductor_api.distributed import DistributedWorkflows
-    from conductor_api.embedded import EmbeddedWorkflows
+    from conductor_api.service import WorkflowService
     from conductor_evaluation.runner import EvalRuntime
     from conductor_gateway.metrics import GatewayMetrics
 
@@ -144,20 +143,20 @@ async def open_embedded_runtime(
     )
 
 
-def embedded_api_service(runtime: EmbeddedRuntime, settings: Settings) -> EmbeddedWorkflows:
-    """The API's workflows over the embedded runtime (``conductor serve``)."""
-    from conductor_api.embedded import EmbeddedWorkflows
+def embedded_api_service(runtime: EmbeddedRuntime, settings: Settings) -> WorkflowService:
+    """The API's service over the embedded runtime (``conductor serve``)."""
+    from conductor_api.embedded import EmbeddedRuntime as ApiRuntime
+    from conductor_api.service import WorkflowService
 
-    return EmbeddedWorkflows(
+    api_runtime = ApiRuntime(
         runtime.executor,
         runtime.gateway,
         runtime.store,
         runtime.pool,
-        load_variants(settings),
-        settings.default_variant,
         heartbeat_s=settings.runner_heartbeat_s,
         stale_after_s=settings.runner_stale_after_s,
     )
+    return WorkflowService(api_runtime, load_variants(settings), settings.default_variant)
 
 
 # -- the distributed roles --------------------------------------------------------------------
@@ -233,29 +232,33 @@ def build_aggregator(
 
 def distributed_api_service(
     settings: Settings, broker: BrokerSettings, engine: Engine
-) -> DistributedWorkflows:
-    """The API's workflows over the distributed runtime (``conductor api``): submissions and
+) -> WorkflowService:
+    """The API's service over the distributed runtime (``conductor api``): submissions and
     pass-through calls go through the broker, events are announced on Redis."""
     import redis.asyncio as aioredis
 
     from conductor_adapters.queue import new_celery_app
-    from conductor_api.distributed import DistributedWorkflows
+    from conductor_api.distributed import DistributedRuntime
     from conductor_api.key_limits import KeyLimiter
+    from conductor_api.service import WorkflowService
     from conductor_gateway.client import QueuedStepRunner
 
     pool = load_pool(settings)
     app = new_celery_app("conductor_api", broker)
     redis = aioredis.Redis.from_url(broker.redis_url)
-    return DistributedWorkflows(
+    runtime = DistributedRuntime(
         engine=engine,
         app=app,
         redis=redis,
         redis_prefix=broker.redis_prefix,
         runner=QueuedStepRunner(app, pool, redis, prefix=broker.redis_prefix),
         pool=pool,
-        variants=load_variants(settings),
-        default_variant=settings.default_variant,
         planner_addr=settings.planner_addr,
+    )
+    return WorkflowService(
+        runtime,
+        load_variants(settings),
+        settings.default_variant,
         # Requests per minute counted in Redis: one window per key across every replica.
         limiter=KeyLimiter.on_redis(engine, broker.redis_url, broker.redis_prefix),
     )

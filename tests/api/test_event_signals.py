@@ -16,7 +16,8 @@ from sqlalchemy import text
 
 import conductor_api.service as service_module
 from conductor_adapters.store.keys import create_key
-from conductor_api.service import EventSignals
+from conductor_api.rules import Caller
+from conductor_api.runtime import EventSignals
 
 from fakes.api_server import LiveApi, scripted_service
 from fakes.scripted import ScriptedWorker
@@ -127,11 +128,10 @@ def test_a_reader_waiting_for_the_outcome_asks_the_table_once_when_all_is_announ
     service = api.service
 
     async def wait_for_a_workflow() -> None:
-        caller = service_module.Caller(tenant="acme")
-        submission = service.submission(caller, "What is 6 * 7?", pool=["quick"])
-        workflow_id = await service.submit(submission)
+        caller = Caller(tenant="acme")
+        started = await service.start_workflow(caller, "What is 6 * 7?", pool=["quick"])
         # The reader every runtime shares (the embedded one would await its own task)
-        await service_module.WorkflowService.wait_for_outcome(service, workflow_id, "acme")
+        await service.wait_for_stored_outcome(started.workflow_id, "acme")
 
     try:
         api.loop.run(wait_for_a_workflow())
@@ -165,7 +165,7 @@ def test_a_workflow_the_database_cannot_record_is_refused_and_its_run_stopped(
         # is stopped before its worker answers
         assert response.status_code == 503, response.text
         assert response.json()["error"]["code"] == "database_unavailable"
-        assert not api.service._running  # type: ignore[attr-defined]
+        assert not api.service.runtime._running  # type: ignore[attr-defined]
         assert all(call.finished == 0.0 for call in worker.calls)
     finally:
         api.close()

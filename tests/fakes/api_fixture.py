@@ -21,7 +21,8 @@ from conductor.pool import Provider, Quotas
 from conductor.variants import BUILTIN_VARIANTS
 from conductor_adapters.store.db import make_engine
 from conductor_adapters.store.keys import create_key
-from conductor_api.distributed import DistributedWorkflows
+from conductor_api.distributed import DistributedRuntime
+from conductor_api.service import WorkflowService
 from conductor_gateway.client import QueuedStepRunner
 
 from fakes.api_server import LiveApi, TwoStepBackend, named_pool, scripted_service
@@ -126,19 +127,18 @@ def running_api(
             pool = named_pool(NAMES, fallbacks=FALLBACKS, quotas=QUOTAS, providers=PROVIDERS)
             running.configure(TwoStepBackend(), pool, {w.name: w for w in workers})
 
-            def distributed_service() -> DistributedWorkflows:
+            def distributed_service() -> WorkflowService:
                 redis = aioredis.Redis.from_url(redis_url)
-                return DistributedWorkflows(
+                runtime = DistributedRuntime(
                     engine=make_engine(database_url),
                     app=running.app,
                     redis=redis,
                     redis_prefix=prefix,
                     runner=QueuedStepRunner(running.app, pool, redis, prefix=prefix),
                     pool=pool,
-                    variants=BUILTIN_VARIANTS,
-                    default_variant="conductor-ultra",
                     planner_addr=running.planner_server.address,
                 )
+                return WorkflowService(runtime, BUILTIN_VARIANTS, "conductor-ultra")
 
             server = LiveApi(distributed_service, metrics_port=0)
         stack.callback(server.close)

@@ -21,7 +21,7 @@ from conductor.variants import BUILTIN_VARIANTS
 from conductor_adapters.loop_thread import LoopThread
 from conductor_adapters.store.db import make_engine, upgrade
 from conductor_adapters.store.traces import TraceStore
-from conductor_api.embedded import EmbeddedWorkflows
+from conductor_api.embedded import EmbeddedRuntime
 from conductor_api.server import Listening, serve_api
 from conductor_api.service import WorkflowService
 from conductor_planner import ConductorPlanner
@@ -135,8 +135,9 @@ def scripted_service(
     fallbacks: Mapping[str, Sequence[str]] | None = None,
     quotas: Mapping[str, Quotas] | None = None,
     providers: Mapping[str, Provider] | None = None,
-) -> EmbeddedWorkflows:
-    """The embedded service around the two-step Conductor and scripted workers."""
+) -> WorkflowService:
+    """The API's service over the embedded runtime, around the two-step Conductor and
+    scripted workers."""
     upgrade(database_url)
     engine = make_engine(database_url)
     pool = named_pool([w.name for w in workers], price, fallbacks, quotas, providers)
@@ -148,4 +149,5 @@ def scripted_service(
         gateway=gateway,
         observers=[store],
     )
-    return EmbeddedWorkflows(executor, gateway, store, pool, BUILTIN_VARIANTS, "conductor-ultra")
+    runtime = EmbeddedRuntime(executor, gateway, store, pool)
+    return WorkflowService(runtime, BUILTIN_VARIANTS, "conductor-ultra")

@@ -26,7 +26,7 @@ from conductor_api.errors import (
     invalid,
 )
 from conductor_api.hosts import HostCheck
-from conductor_api.metrics import ApiMetrics, MetricsMiddleware
+from conductor_api.metrics import MetricsMiddleware
 from conductor_api.schemas import ErrorResponse
 from conductor_api.service import WorkflowService
 
@@ -202,16 +202,6 @@ METRICS_ELSEWHERE = (
 )
 
 
-async def readiness(service: WorkflowService) -> tuple[bool, dict[str, str]]:
-    """Whether ``service`` is ready, and the body that says so: status, mode and each check
-    (the advisory ones reported, not required)."""
-    checks = await service.readiness()
-    ready = all(
-        value == "ok" for name, value in checks.items() if name not in service.advisory_checks
-    )
-    return ready, {"status": "ready" if ready else "not ready", "mode": service.mode, **checks}
-
-
 def create_app(
     service: WorkflowService,
     *,
@@ -234,10 +224,9 @@ def create_app(
             "`Authorization: Bearer <key>`."
         ),
     )
-    app.state.service = service
+    app.state.service = service  # routes read it with conductor_api.auth.service_of
     app.state.open_access = open_access
-    metrics = ApiMetrics()
-    app.state.metrics = metrics
+    metrics = service.metrics
     install_error_handlers(app)
     app.include_router(chat.router)
     app.include_router(jobs.router)
@@ -268,7 +257,7 @@ def create_app(
     async def readyz() -> JSONResponse:
         """Database, broker and Redis (distributed; the planner is reported, not required) or
         database and workers (embedded)."""
-        ready, body = await readiness(service)
+        ready, body = await service.readiness()
         return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get(

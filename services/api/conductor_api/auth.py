@@ -15,7 +15,8 @@ from fastapi import Depends, Request
 from conductor.errors import DatabaseUnavailableError
 from conductor_adapters.store.db import database_down
 from conductor_api.errors import ApiError
-from conductor_api.service import Caller, WorkflowService
+from conductor_api.rules import Caller
+from conductor_api.service import WorkflowService
 
 OPEN_TENANT = "default"
 MISSING_KEY = (
@@ -24,10 +25,16 @@ MISSING_KEY = (
 )
 
 
+def service_of(request: Request) -> WorkflowService:
+    """The service behind the app (``create_app`` keeps it in the app's state)."""
+    service: WorkflowService = request.app.state.service
+    return service
+
+
 async def current_caller(request: Request) -> Caller:
     try:
         return await identify(
-            request.app.state.service,
+            service_of(request),
             request.headers.get("authorization", ""),
             open_access=request.app.state.open_access,
         )
@@ -75,3 +82,4 @@ async def identify(service: WorkflowService, authorization: str, *, open_access:
 
 
 CallerDep = Annotated[Caller, Depends(current_caller)]
+ServiceDep = Annotated[WorkflowService, Depends(service_of)]

@@ -2,31 +2,28 @@
 
 The prompt becomes one user message and takes the chat completion's path (a workflow for a
 variant, a pass-through call for a worker's name, the same limits, errors and cancellation);
-the answer is rewritten as a ``text_completion``, streamed or not. Clients whose default is
-this endpoint (LlamaIndex's ``OpenAILike``) work as they are.
+the answer is written as a ``text_completion`` (``TextFormat``), streamed or not. Clients
+whose default is this endpoint (LlamaIndex's ``OpenAILike``) work as they are.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.responses import Response
 
+from conductor.chat import ToolCall
 from conductor.errors import InvalidRequest
-from conductor_api.auth import CallerDep
-from conductor_api.chat import chat_completions
+from conductor_api.auth import CallerDep, ServiceDep
+from conductor_api.chat import ChatFormat, answer_chat
 from conductor_api.chat_request import ChatCompletionRequest
 from conductor_api.errors import ApiError, unsupported
 from conductor_api.request_policy import COMPLETION, refuse_unsupported
 from conductor_api.responses_request import checked_text
 from conductor_api.responses_schemas import CompletionRequest, TextCompletion
 from conductor_api.schemas import EVENT_STREAM, ChatMessageIn
-from conductor_api.sse import STREAM_HEADERS, data_line
+from conductor_api.sse import data_line
 
 router = APIRouter(tags=["OpenAI-compatible"])
 
@@ -60,41 +57,30 @@ def _choice(text: str, finish: str | None) -> dict[str, Any]:
     return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
 
 
-def _text_completion(chunk: dict[str, Any], *, streamed: bool) -> dict[str, Any]:
-    """A chat.completion (or one of its chunks) as a text_completion."""
-    choices = []
-    for choice in chunk.get("choices", []):
-        content = (choice.get("delta") if streamed else choice.get("message")) or {}
-        choices.append(_choice(content.get("content") or "", choice.get("finish_reason")))
-    body: dict[str, Any] = {
-        "id": "cmpl-" + str(chunk.get("id", "")).removeprefix("chatcmpl-"),
-        "object": "text_completion",
-        "created": chunk.get("created"),
-        "model": chunk.get("model"),
-        "choices": choices,
-    }
-    for extra in ("usage", "conductor"):
-        if extra in chunk:
-            body[extra] = chunk[extra]
-    return body
+class TextFormat(ChatFormat):
+    """The chat answer written as ``text_completion`` objects, whole or streamed."""
 
+    prefix = "cmpl-"
 
-async def _rewritten(lines: AsyncIterable[str | bytes | memoryview]) -> AsyncIterator[str]:
-    """The chat stream's lines, each chunk as a text_completion; comments, errors and the
-    closing [DONE] as they are. Closing this stream closes the chat's (which cancels its
-    workflow when the client went away)."""
-    source = aiter(lines)
-    async with contextlib.aclosing(source):  # type: ignore[type-var]
-        async for line in source:
-            text = line if isinstance(line, str) else bytes(line).decode()
-            if not text.startswith("data: {"):
-                yield text
-                continue
-            chunk = json.loads(text.removeprefix("data: "))
-            if chunk.get("object") == "chat.completion.chunk":
-                yield data_line(_text_completion(chunk, streamed=True))
-            else:
-                yield text
+    def _body(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        head = {"id": self.id, "object": "text_completion", "created": self.created}
+        return {**head, "model": self.model, "choices": choices, **extra}
+
+    def whole(
+        self,
+        text: str,
+        usage: dict[str, Any],
+        extra: Any,
+        tool_calls: list[ToolCall] | None = None,
+        finish: str = "stop",
+    ) -> dict[str, Any]:
+        return self._body([_choice(text, finish)], usage=usage, conductor=extra)
+
+    def delta(self, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
+        return data_line(self._body([_choice(delta.get("content") or "", finish)], **extra))
+
+    def usage(self, usage: dict[str, Any]) -> str:
+        return data_line(self._body([], usage=usage))
 
 
 @router.post(
@@ -109,7 +95,7 @@ async def _rewritten(lines: AsyncIterable[str | bytes | memoryview]) -> AsyncIte
     },
 )
 async def completions(
-    body: CompletionRequest, request: Request, caller: CallerDep
+    body: CompletionRequest, request: Request, service: ServiceDep, caller: CallerDep
 ) -> JSONResponse | StreamingResponse:
     """Complete the prompt as a chat completion of one user message: a workflow (model = a
     variant) or one worker (model = its name). Extra fields ``conductor`` and ``metadata`` as in
@@ -127,14 +113,6 @@ async def completions(
         temperature=body.temperature,
     )
     try:
-        answer: Response = await chat_completions(chat, request, caller)
+        return await answer_chat(chat, request, service, caller, TextFormat)
     except (ApiError, InvalidRequest) as error:
         raise _as_prompt(error) from None
-    if isinstance(answer, StreamingResponse):
-        return StreamingResponse(
-            _rewritten(answer.body_iterator),
-            media_type="text/event-stream",
-            headers=STREAM_HEADERS,
-        )
-    completion = json.loads(bytes(answer.body))
-    return JSONResponse(_text_completion(completion, streamed=False))

@@ -1,4 +1,4 @@
-"""The API over the distributed runtime: submit through the broker, follow through Redis.
+"""The distributed runtime behind the API: submit through the broker, follow through Redis.
 
 Submitting writes the queued workflow to Postgres with its start message, staged in the
 outbox in the same transaction, and answers at once: this process's relay sends the message
@@ -17,7 +17,6 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -26,21 +25,22 @@ from celery import Celery
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 from sqlalchemy import Engine, text
 
-from conductor.chat import ChatMessage, Sampling, ToolUse
 from conductor.machine import FINAL_EVENT_KINDS
 from conductor.pool import Pool
-from conductor.ports import StepCallResult, StepRunner
-from conductor.variants import Variant
+from conductor.ports import StepRunner
 from conductor_adapters.outbox_relay import OutboxRelay
 from conductor_adapters.store.runs import SubmitRequest, stage_cancel, stage_submission
-from conductor_api.key_limits import KeyLimiter
-from conductor_api.service import ANNOUNCED_POLL_S, POLL_INTERVAL_S, WorkflowService
+from conductor_api.runtime import ANNOUNCED_POLL_S, POLL_INTERVAL_S, EventSignals
 
 logger = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 2.0
 
 
-class DistributedWorkflows(WorkflowService):
+class DistributedRuntime:
+    """A ``WorkflowRuntime``: aggregators run the workflows; this process stages their start
+    and cancel messages, hears their events announced, and sends calls of one worker to the
+    vendor queues."""
+
     mode = "distributed"
     # Plans are made by the aggregators; a submitted job waits in the queue for a planner.
     advisory_checks = frozenset({"planner"})
@@ -54,12 +54,11 @@ class DistributedWorkflows(WorkflowService):
         redis_prefix: str,
         runner: StepRunner,
         pool: Pool,
-        variants: Mapping[str, Variant],
-        default_variant: str,
         planner_addr: str,
-        limiter: KeyLimiter | None = None,
     ) -> None:
-        super().__init__(engine, pool, variants, default_variant, limiter=limiter)
+        self.engine = engine
+        self.pool = pool
+        self.signals = EventSignals()
         self.app = app
         self.redis = redis
         self.redis_prefix = redis_prefix
@@ -91,24 +90,8 @@ class DistributedWorkflows(WorkflowService):
         staged = await asyncio.to_thread(stage_cancel, self.engine, workflow_id, reason)
         self.relay.put([staged])
 
-    async def passthrough(
-        self,
-        worker: str,
-        messages: Sequence[ChatMessage],
-        *,
-        allowed_workers: Collection[str] | None = None,
-        tenant: str | None = None,
-        tools: ToolUse | None = None,
-        sampling: Sampling | None = None,
-    ) -> StepCallResult:
-        return await self.runner.call(
-            worker,
-            messages,
-            allowed_workers=allowed_workers,
-            tenant=tenant,
-            tools=tools,
-            sampling=sampling,
-        )
+    async def wait_for_run(self, workflow_id: uuid.UUID) -> bool:
+        return False  # every workflow runs on an aggregator: its events say when it ended
 
     def poll_interval_s(self, workflow_id: uuid.UUID) -> float:
         return ANNOUNCED_POLL_S if self._subscribed else POLL_INTERVAL_S

@@ -1,22 +1,19 @@
-"""The API over the embedded runtime: workflows run as tasks of this process's event loop."""
+"""The embedded runtime behind the API: workflows run as tasks of this process's event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import uuid
-from collections.abc import Collection, Mapping, Sequence
 
 import httpx
 from sqlalchemy import Connection, text
 
-from conductor.chat import ChatMessage, Sampling, ToolUse
 from conductor.errors import ConfigurationError, DatabaseUnavailableError
 from conductor.executor import WorkflowExecutor
 from conductor.machine import Cancelled, utcnow
 from conductor.pool import Pool
-from conductor.ports import StepCallResult, StepRunner
-from conductor.variants import Variant
+from conductor.ports import StepRunner
 from conductor.workflow import WorkflowRecord
 from conductor_adapters.store.runners import (
     HEARTBEAT_S,
@@ -30,19 +27,23 @@ from conductor_adapters.store.runners import (
 from conductor_adapters.store.runs import SubmitRequest, record_workflow
 from conductor_adapters.store.traces import TraceStore
 from conductor_adapters.webhooks import attempt, claim_due
-from conductor_api.service import (
+from conductor_api.runtime import (
     ANNOUNCED_POLL_S,
     POLL_INTERVAL_S,
+    EventSignals,
     WorkflowElsewhere,
-    WorkflowService,
 )
 
 logger = logging.getLogger(__name__)
 WEBHOOK_POLL_S = 0.5  # how soon an outcome's webhook goes out
 
 
-class EmbeddedWorkflows(WorkflowService):
+class EmbeddedRuntime:
+    """A ``WorkflowRuntime``: the executor runs each workflow in this process, writing to
+    ``store``; the gateway makes the calls of one worker."""
+
     mode = "embedded"
+    advisory_checks: frozenset[str] = frozenset()
 
     def __init__(
         self,
@@ -50,18 +51,18 @@ class EmbeddedWorkflows(WorkflowService):
         gateway: StepRunner,
         store: TraceStore,
         pool: Pool,
-        variants: Mapping[str, Variant],
-        default_variant: str,
         *,
         heartbeat_s: float = HEARTBEAT_S,
         stale_after_s: float = STALE_AFTER_S,
     ) -> None:
         if store not in executor.observers:
             raise ConfigurationError("the executor does not write to this trace store")
-        super().__init__(store.engine, pool, variants, default_variant)
+        self.engine = store.engine
+        self.pool = pool
+        self.signals = EventSignals()
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.executor = executor
-        self.gateway = gateway
+        self.runner = gateway
         self.store = store
         # Events are announced once committed, so what a woken reader reads is there.
         store.on_stored.append(
@@ -140,13 +141,13 @@ class EmbeddedWorkflows(WorkflowService):
         # is remembered); one run by another replica on the database is polled for.
         return ANNOUNCED_POLL_S if workflow_id in self._running else POLL_INTERVAL_S
 
-    async def wait_for_outcome(self, workflow_id: uuid.UUID, tenant: str) -> None:
+    async def wait_for_run(self, workflow_id: uuid.UUID) -> bool:
         task = self._running.get(workflow_id)
         if task is None:  # finished already, or run elsewhere: its events say
-            await super().wait_for_outcome(workflow_id, tenant)
-            return
+            return False
         # The run ends once its outcome is committed; no event read is needed to know it.
         await asyncio.wait({task})
+        return True
 
     async def request_cancel(self, workflow_id: uuid.UUID, reason: str) -> None:
         task = self._running.get(workflow_id)
@@ -161,25 +162,6 @@ class EmbeddedWorkflows(WorkflowService):
         self._running.pop(workflow_id, None)
         if not task.cancelled() and task.exception() is not None:
             logger.error("workflow task failed", exc_info=task.exception())
-
-    async def passthrough(
-        self,
-        worker: str,
-        messages: Sequence[ChatMessage],
-        *,
-        allowed_workers: Collection[str] | None = None,
-        tenant: str | None = None,
-        tools: ToolUse | None = None,
-        sampling: Sampling | None = None,
-    ) -> StepCallResult:
-        return await self.gateway.call(
-            worker,
-            messages,
-            allowed_workers=allowed_workers,
-            tenant=tenant,
-            tools=tools,
-            sampling=sampling,
-        )
 
     async def readiness(self) -> dict[str, str]:
         def ping() -> None:

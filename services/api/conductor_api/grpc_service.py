@@ -1,8 +1,11 @@
 """gRPC ``conductor.v1.Workflows`` (Submit, Get, Watch, Cancel, List), served by the api
 process beside the standard health and reflection services (so `grpcurl list` works).
 
-Same keys, tenants and rules as the HTTP API: the key goes in the ``authorization`` metadata
-(``Bearer <key>``); another tenant's workflow is NOT_FOUND.
+Same keys, tenants and rules as the HTTP API, which are the service's
+(``conductor_api.service``): this module translates between protobuf and the service. The key
+goes in the ``authorization`` metadata (``Bearer <key>``); another tenant's workflow is
+NOT_FOUND; where the key stands against its limits comes back as initial metadata (the HTTP
+API's ``x-ratelimit-*`` headers).
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[i
 
 from conductor.errors import InvalidRequest
 from conductor.machine import FINAL_EVENT_KINDS
-from conductor.orchestration import check_text
 from conductor_adapters.rpc.guard import clipped
 from conductor_adapters.rpc.reflection import enable_reflection
 from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
@@ -29,12 +31,11 @@ from conductor_api.reads import (
     MAX_PAGE_SIZE,
     MAX_SEQUENCE,
     WorkflowFilter,
-    list_workflows,
     load_events,
-    load_workflow,
 )
-from conductor_api.schemas import MAX_NAME_CHARS
-from conductor_api.service import Caller, WorkflowElsewhere, WorkflowService, check_labels
+from conductor_api.rules import Caller, check_filter
+from conductor_api.runtime import WorkflowElsewhere
+from conductor_api.service import WorkflowService
 from conductor_api.wire import (
     WORKFLOW_STATUS,
     event_to_proto,
@@ -61,7 +62,7 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
     async def Submit(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         caller = await self._caller(context)
         try:
-            submission = self.service.submission(
+            started = await self.service.start_workflow(
                 caller,
                 request.question,
                 variant=request.variant or None,
@@ -72,21 +73,18 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
             )
         except (InvalidRequest, ValueError) as exc:
             await _abort(context, ApiError(400, str(exc)))
-        try:
-            await self.service.limiter.admit(caller.key_id, caller.limits, starts_workflow=True)
         except ApiError as refused:
             await _abort(context, refused)
-        workflow_id = await self.service.submit(submission)
+        if started.limit_headers:
+            await context.send_initial_metadata(tuple(started.limit_headers.items()))
         return workflows_pb2.SubmitResponse(
-            workflow_id=str(workflow_id), status=common_pb2.WORKFLOW_STATUS_QUEUED
+            workflow_id=str(started.workflow_id), status=common_pb2.WORKFLOW_STATUS_QUEUED
         )
 
     async def Get(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         caller = await self._caller(context)
         workflow_id = await _workflow_id(request.workflow_id, context)
-        view = await asyncio.to_thread(
-            load_workflow, self.service.engine, workflow_id, caller.tenant
-        )
+        view = await self.service.read(workflow_id, caller.tenant)
         if view is None:
             await _abort(context, ApiError(404, f"workflow {workflow_id} not found"))
         return workflow_to_proto(view)
@@ -109,15 +107,8 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
             message = f"limit must be 1 to {MAX_PAGE_SIZE}, not {limit}"
             await _abort(context, ApiError(400, message))
         after = await _workflow_id(request.after, context, "after") if request.after else None
-        # The HTTP filters' limits (gRPC's strings arrive unchecked): a NUL, which PostgreSQL
-        # refuses in a bound value, and lengths past any variant's or label's.
         try:
-            check_labels(request.labels, "labels")
-            if len(request.variant) > MAX_NAME_CHARS:
-                raise InvalidRequest(
-                    f"variant: longer than {MAX_NAME_CHARS} characters", param="variant"
-                )
-            check_text("variant:", request.variant, param="variant")
+            check_filter(request.labels, request.variant)
         except InvalidRequest as exc:
             await _abort(context, ApiError(400, str(exc), param=exc.param))
         wanted = WorkflowFilter(
@@ -127,12 +118,12 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
             created_after=_time(request, "created_after"),
             created_before=_time(request, "created_before"),
         )
-        found = await asyncio.to_thread(
-            list_workflows, self.service.engine, caller.tenant, wanted, limit=limit, after=after
-        )
-        if found is None:
-            await _abort(context, ApiError(400, f"after: no workflow {after} to continue from"))
-        page, has_more = found
+        try:
+            page, has_more = await self.service.list_page(
+                caller.tenant, wanted, limit=limit, after=after
+            )
+        except InvalidRequest as exc:
+            await _abort(context, ApiError(400, str(exc), param=exc.param))
         return workflows_pb2.ListResponse(
             workflows=[summary_to_proto(summary) for summary in page], has_more=has_more
         )
@@ -148,7 +139,7 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
         async for event in self.service.follow(workflow_id, caller.tenant, after):
             outcome = None
             if event.kind in FINAL_EVENT_KINDS:
-                outcome = await asyncio.to_thread(load_workflow, engine, workflow_id, caller.tenant)
+                outcome = await self.service.read(workflow_id, caller.tenant)
             yield event_to_proto(event, outcome)
 
     async def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
@@ -178,6 +169,8 @@ async def _workflow_id(
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: ApiError) -> NoReturn:
+    if error.headers:  # a refusal at a key's limit: where it stands, and Retry-After
+        context.set_trailing_metadata(tuple((k.lower(), v) for k, v in error.headers.items()))
     await context.abort(_CODES.get(error.status, grpc.StatusCode.INTERNAL), clipped(error.message))
     raise AssertionError("unreachable: abort raises")
 

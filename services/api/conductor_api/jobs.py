@@ -4,8 +4,6 @@ workflows, read one, follow its events, cancel it, score its answer."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -15,9 +13,9 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from conductor_adapters.webhooks import check_url, load_deliveries
-from conductor_api.admission import admit, request_state
-from conductor_api.auth import CallerDep
+from conductor_adapters.webhooks import load_deliveries
+from conductor_api.admission import keep_limit_headers
+from conductor_api.auth import CallerDep, ServiceDep
 from conductor_api.errors import ApiError, not_found, runs_elsewhere
 from conductor_api.reads import (
     DEFAULT_PAGE_SIZE,
@@ -25,12 +23,10 @@ from conductor_api.reads import (
     MAX_SEQUENCE,
     WorkflowFilter,
     as_utc,
-    list_workflows,
     load_events,
-    load_workflow,
     store_feedback,
-    workflow_status,
 )
+from conductor_api.runtime import WorkflowElsewhere
 from conductor_api.schemas import (
     EVENT_STREAM,
     ErrorResponse,
@@ -44,14 +40,11 @@ from conductor_api.schemas import (
     WorkflowSubmission,
     WorkflowView,
 )
-from conductor_api.service import IdempotencyConflict, WorkflowElsewhere, WorkflowService
+from conductor_api.service import WorkflowService
 from conductor_api.sse import KEEPALIVE, STREAM_HEADERS, event_frame, with_keepalive
 
 router = APIRouter(prefix="/v1/workflows", tags=["Workflows"])
 _SEQUENCE = re.compile(r"[0-9]{1,10}")  # ASCII digits only: str.isdigit() admits "²"
-
-
-IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")  # printable ASCII, no spaces
 
 
 @router.post(
@@ -69,6 +62,7 @@ async def submit(
     body: WorkflowSubmission,
     request: Request,
     response: Response,
+    service: ServiceDep,
     caller: CallerDep,
     idempotency_key: Annotated[
         str | None,
@@ -79,15 +73,7 @@ async def submit(
     ] = None,
 ) -> WorkflowAccepted:
     """Accept a question; the workflow runs in the background. 202 with its id."""
-    service: WorkflowService = request.app.state.service
-    await admit(
-        service,
-        request.app.state.metrics,
-        caller,
-        starts_workflow=True,
-        state=request_state(request),
-    )
-    submission = service.submission(
+    started = await service.start_workflow(
         caller,
         body.question,
         variant=body.variant,
@@ -95,52 +81,18 @@ async def submit(
         max_steps=body.max_steps,
         cost_weight=body.cost_weight,
         metadata=body.metadata,
+        callback_url=body.callback_url,
+        idempotency_key=idempotency_key,
     )
-    if body.callback_url is not None:
-        check_url(body.callback_url, "callback_url")
-        if not caller.signs_webhooks:
-            raise ApiError(
-                400,
-                "callback_url: this key has no webhook signing secret, and nothing unsigned is "
-                "sent: an operator makes one with `conductor keys webhook KEY_ID`",
-                param="callback_url",
-            )
-        submission = submission.model_copy(update={"callback_url": body.callback_url})
-    if idempotency_key is None:
-        workflow_id = await service.submit(submission)
-    else:
-        if not IDEMPOTENCY_KEY.fullmatch(idempotency_key):
-            raise ApiError(
-                400,
-                "Idempotency-Key: 1 to 255 printable ASCII characters without spaces",
-                param="Idempotency-Key",
-            )
-        digest = hashlib.sha256(
-            json.dumps(body.model_dump(mode="json"), sort_keys=True).encode()
-        ).hexdigest()
-        keyed = submission.model_copy(
-            update={"idempotency_key": idempotency_key, "request_hash": digest}
-        )
-        try:
-            workflow_id, replayed = await service.submit_once(keyed)
-        except IdempotencyConflict:
-            raise ApiError(
-                409,
-                "Idempotency-Key: this key was used before with another request; use a new "
-                "key for a new request",
-                code="idempotency_key_reused",
-                param="Idempotency-Key",
-            ) from None
-        if replayed is not None:
-            response.headers["Idempotent-Replayed"] = "true"
-            return WorkflowAccepted(id=workflow_id, status=replayed)
-    request.app.state.metrics.workflows.labels(submission.variant.name).inc()
-    return WorkflowAccepted(id=workflow_id, status="queued")
+    keep_limit_headers(request, started.limit_headers)
+    if started.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return WorkflowAccepted(id=started.workflow_id, status=started.status)
 
 
 @router.get("", response_model=WorkflowList)
 async def list_jobs(
-    request: Request,
+    service: ServiceDep,
     caller: CallerDep,
     status: Annotated[WorkflowStatusName | None, Query(description="Only this status.")] = None,
     variant: Annotated[str | None, Query(max_length=128, description="Only this variant.")] = None,
@@ -177,13 +129,7 @@ async def list_jobs(
         created_before=as_utc(created_before),
         search=q,
     )
-    service: WorkflowService = request.app.state.service
-    found = await asyncio.to_thread(
-        list_workflows, service.engine, caller.tenant, wanted, limit=limit, after=after
-    )
-    if found is None:
-        raise ApiError(400, f"after: no workflow {after} to continue from", param="after")
-    page, has_more = found
+    page, has_more = await service.list_page(caller.tenant, wanted, limit=limit, after=after)
     return WorkflowList(
         data=page,
         first_id=page[0].id if page else None,
@@ -193,10 +139,11 @@ async def list_jobs(
 
 
 @router.get("/{workflow_id}", response_model=WorkflowView)
-async def get_workflow(workflow_id: uuid.UUID, request: Request, caller: CallerDep) -> WorkflowView:
+async def get_workflow(
+    workflow_id: uuid.UUID, service: ServiceDep, caller: CallerDep
+) -> WorkflowView:
     """The workflow as it is now: status, plans, steps, answer, usage and cost."""
-    service: WorkflowService = request.app.state.service
-    view = await asyncio.to_thread(load_workflow, service.engine, workflow_id, caller.tenant)
+    view = await service.read(workflow_id, caller.tenant)
     if view is None:
         raise not_found(f"workflow {workflow_id}")
     return view
@@ -209,7 +156,7 @@ async def get_workflow(workflow_id: uuid.UUID, request: Request, caller: CallerD
 )
 async def workflow_events(
     workflow_id: uuid.UUID,
-    request: Request,
+    service: ServiceDep,
     caller: CallerDep,
     after: Annotated[
         int,
@@ -219,7 +166,6 @@ async def workflow_events(
 ) -> StreamingResponse:
     """Server-sent events (``id`` = sequence, ``event`` = kind, ``data`` = the event as JSON):
     everything that already happened, then each new event; ends after the outcome."""
-    service: WorkflowService = request.app.state.service
     if last_event_id is not None:
         resume = last_event_id.strip()
         if not _SEQUENCE.fullmatch(resume) or int(resume) > MAX_SEQUENCE:
@@ -248,31 +194,30 @@ async def _event_stream(
 
 @router.get("/{workflow_id}/webhooks", response_model=WebhookDeliveryList)
 async def webhook_deliveries(
-    workflow_id: uuid.UUID, request: Request, caller: CallerDep
+    workflow_id: uuid.UUID, service: ServiceDep, caller: CallerDep
 ) -> WebhookDeliveryList:
     """The workflow's webhook deliveries (none until it ends, or if it has no webhook): where
     each goes, whether it was delivered, and every attempt with its HTTP status or error."""
-    service: WorkflowService = request.app.state.service
-    engine, tenant = service.engine, caller.tenant
-    if await asyncio.to_thread(workflow_status, engine, workflow_id, tenant) is None:
+    if not await service.exists(workflow_id, caller.tenant):
         raise not_found(f"workflow {workflow_id}")
-    deliveries = await asyncio.to_thread(load_deliveries, engine, workflow_id, tenant)
+    deliveries = await asyncio.to_thread(
+        load_deliveries, service.engine, workflow_id, caller.tenant
+    )
     return WebhookDeliveryList(data=deliveries)
 
 
 @router.post("/{workflow_id}/cancel", response_model=WorkflowView)
-async def cancel(workflow_id: uuid.UUID, request: Request, caller: CallerDep) -> WorkflowView:
+async def cancel(workflow_id: uuid.UUID, service: ServiceDep, caller: CallerDep) -> WorkflowView:
     """Cancel a queued or running workflow: its running steps are cancelled (their provider
     calls too) and it ends ``cancelled``, its events with a ``cancelled`` event. Returns the
     workflow; one that had ended already is returned as it is."""
-    service: WorkflowService = request.app.state.service
     try:
         await service.cancel(workflow_id, caller.tenant, "cancelled by its client")
     except LookupError:
         raise not_found(f"workflow {workflow_id}") from None
     except WorkflowElsewhere:
         raise runs_elsewhere(workflow_id) from None
-    view = await asyncio.to_thread(load_workflow, service.engine, workflow_id, caller.tenant)
+    view = await service.read(workflow_id, caller.tenant)
     if view is None:
         raise not_found(f"workflow {workflow_id}")
     return view
@@ -282,11 +227,10 @@ async def cancel(workflow_id: uuid.UUID, request: Request, caller: CallerDep) ->
 async def feedback(
     workflow_id: uuid.UUID,
     body: Feedback,
-    request: Request,
+    service: ServiceDep,
     caller: CallerDep,
 ) -> FeedbackStored:
     """Score the workflow's answer (0 to 1); stored as the workflow's reward for training."""
-    service: WorkflowService = request.app.state.service
     stored = await asyncio.to_thread(
         store_feedback, service.engine, workflow_id, caller.tenant, body.score
     )

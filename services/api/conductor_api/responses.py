@@ -39,28 +39,22 @@ from conductor_adapters.store.responses import (
     insert_response,
 )
 from conductor_api import completions, responses_tokens
-from conductor_api.admission import admit, request_state
-from conductor_api.auth import CallerDep
-from conductor_api.chat import (
-    Call,
-    call_worker,
+from conductor_api.admission import keep_limit_headers
+from conductor_api.answers import completed_workflow, disconnected, workflow_progress
+from conductor_api.auth import CallerDep, ServiceDep
+from conductor_api.direct_calls import DirectCall
+from conductor_api.errors import ApiError, invalid, not_found, unsupported
+from conductor_api.images import check_images
+from conductor_api.openai_shared import (
     check_passthrough,
     check_tools,
-    completed_workflow,
     finish_reason,
     passthrough_field,
     sampling_of,
-    submit_workflow,
     unknown_model,
-    worker_call,
     worker_messages,
     workflow_failed,
-    workflow_progress,
 )
-from conductor_api.errors import ApiError, invalid, not_found, unsupported
-from conductor_api.images import check_images
-from conductor_api.metrics import ApiMetrics
-from conductor_api.reads import load_workflow
 from conductor_api.responses_events import ResponseEvents
 from conductor_api.responses_objects import (
     passthrough_object,
@@ -84,8 +78,9 @@ from conductor_api.responses_schemas import (
     ResponseObject,
 )
 from conductor_api.responses_store import continued, stored_response
+from conductor_api.rules import CHAT_FIELDS, Caller
 from conductor_api.schemas import EVENT_STREAM, ChatMessageIn
-from conductor_api.service import CHAT_FIELDS, Caller, WorkflowService
+from conductor_api.service import WorkflowService
 from conductor_api.sse import STREAM_HEADERS
 from conductor_api.tools import tool_use
 
@@ -135,7 +130,6 @@ async def _keep_passthrough(
 
 async def _workflow_stream(
     service: WorkflowService,
-    metrics: ApiMetrics,
     stored: StoredResponse,
     timeout_s: float,
 ) -> AsyncIterator[str]:
@@ -152,11 +146,10 @@ async def _workflow_stream(
     except ApiError as timed_out:
         yield events.failed(snapshot, "failed", timed_out.message)
         return
-    view = await asyncio.to_thread(load_workflow, service.engine, workflow_id, tenant)
+    view = await service.ended(workflow_id, tenant)
     if view is None:
         yield events.failed(snapshot, "failed", f"workflow {workflow_id} not found")
         return
-    metrics.workflow(tenant, view)
     final = workflow_object(stored, view)
     if view.status != "completed":
         yield events.failed(final, final["status"], workflow_failed(view).message)
@@ -166,7 +159,7 @@ async def _workflow_stream(
 
 
 async def _passthrough_stream(
-    service: WorkflowService, metrics: ApiMetrics, stored: StoredResponse, call: Call
+    service: WorkflowService, stored: StoredResponse, call: DirectCall
 ) -> AsyncIterator[str]:
     events = ResponseEvents()
     snapshot = response_object(
@@ -175,7 +168,7 @@ async def _passthrough_stream(
     for line in events.started(snapshot):
         yield line
     try:
-        result = await call_worker(call, metrics, stored.model)
+        result = await call()
     except ApiError as error:
         yield events.failed(snapshot, "failed", error.message)
         return
@@ -200,13 +193,11 @@ async def _passthrough_stream(
     },
 )
 async def create_response(
-    body: ResponseCreateRequest, request: Request, caller: CallerDep
+    body: ResponseCreateRequest, request: Request, service: ServiceDep, caller: CallerDep
 ) -> JSONResponse | StreamingResponse:
     """Answer the input with a workflow (model = a variant) or one worker (model = its name).
     Extra request field ``conductor: {pool, max_steps, cost_weight}``; extra response field
     ``conductor`` with the workflow id and its steps."""
-    service: WorkflowService = request.app.state.service
-    metrics: ApiMetrics = request.app.state.metrics
     check_supported(body)
     answer_format = text_answer_format(body.text)
     tools = tool_use(body.tools, body.tool_choice, body.parallel_tool_calls, nested=False)
@@ -236,41 +227,41 @@ async def create_response(
     check_tools(service, body.model if passthrough else None, tools, messages, "input")
     where = first_image(items) or "previous_response_id"  # else an earlier turn's image
     check_images(service.pool.get(body.model) if passthrough else None, messages, where)
-    await admit(
-        service, metrics, caller, starts_workflow=not passthrough, state=request_state(request)
-    )
     if passthrough:
         return await _passthrough(
-            service, metrics, caller, body, stored, messages, answer_format, tools
+            service, request, caller, body, stored, messages, answer_format, tools
         )
     if body.model not in service.variants:
         raise unknown_model(body.model)
-    workflow_id, timeout_s = await submit_workflow(
-        service,
-        metrics,
+    options = body.conductor
+    started = await service.start_workflow(
         caller,
         question(messages),
-        model=body.model,
-        options=body.conductor,
+        variant=body.model,
+        pool=options.pool if options else None,
+        max_steps=options.max_steps if options else None,
+        cost_weight=options.cost_weight if options else None,
         metadata=stored.labels,
         fields=RESPONSE_FIELDS,
         answer_format=answer_format,
     )
+    keep_limit_headers(request, started.limit_headers)
+    workflow_id, timeout_s = started.workflow_id, started.timeout_s
     # A workflow's response has the workflow's id: it reads back from the workflow's row.
     stored = stored.model_copy(update={"id": workflow_id, "workflow_id": workflow_id})
     await asyncio.to_thread(insert_response, service.engine, stored)
     if body.stream:
-        stream = _workflow_stream(service, metrics, stored, timeout_s)
+        stream = _workflow_stream(service, stored, timeout_s)
         return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
     view = await completed_workflow(
-        service, metrics, workflow_id, caller.tenant, timeout_s, request
+        service, workflow_id, caller.tenant, timeout_s, disconnected(request)
     )
     return JSONResponse(workflow_object(stored, view))
 
 
 async def _passthrough(
     service: WorkflowService,
-    metrics: ApiMetrics,
+    request: Request,
     caller: Caller,
     body: ResponseCreateRequest,
     stored: StoredResponse,
@@ -285,34 +276,41 @@ async def _passthrough(
     except ApiError as error:  # the calls and outputs were checked as items: a broken pairing
         raise invalid("input", error.message) from None
     sampling = sampling_of(body.max_output_tokens, body.temperature)
-    call = worker_call(service, caller, body.model, worker_input, answer_format, tools, sampling)
-
+    call, headers = await service.call_worker(
+        caller,
+        body.model,
+        worker_input,
+        answer_format=answer_format,
+        tools=tools,
+        sampling=sampling,
+    )
+    keep_limit_headers(request, headers)
     if body.stream:
-        stream = _passthrough_stream(service, metrics, stored, call)
+        stream = _passthrough_stream(service, stored, call)
         return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
-    result = await call_worker(call, metrics, body.model)
+    result = await call()
     stored = await _keep_passthrough(service, stored, result)
     return JSONResponse(passthrough_object(stored))
 
 
 @router.get("/v1/responses/{response_id}", response_model=ResponseObject)
-async def get_response(response_id: str, request: Request, caller: CallerDep) -> JSONResponse:
+async def get_response(response_id: str, service: ServiceDep, caller: CallerDep) -> JSONResponse:
     """A stored response as it is now: in progress while its workflow runs, then its answer."""
-    service: WorkflowService = request.app.state.service
     stored = await stored_response(service, response_id, caller.tenant)
     if stored.workflow_id is None:
         return JSONResponse(passthrough_object(stored))
-    view = await asyncio.to_thread(load_workflow, service.engine, stored.workflow_id, caller.tenant)
+    view = await service.read(stored.workflow_id, caller.tenant)
     if view is None:
         raise not_found(f"response {response_id!r}")
     return JSONResponse(workflow_object(stored, view))
 
 
 @router.delete("/v1/responses/{response_id}", response_model=ResponseDeleted)
-async def remove_response(response_id: str, request: Request, caller: CallerDep) -> ResponseDeleted:
+async def remove_response(
+    response_id: str, service: ServiceDep, caller: CallerDep
+) -> ResponseDeleted:
     """Delete a stored response: it can no longer be read or continued, and what it was asked
     is dropped; its workflow (if any) keeps running and its trace stays for audit."""
-    service: WorkflowService = request.app.state.service
     stored = await stored_response(service, response_id, caller.tenant)
     deleted = await asyncio.to_thread(delete_response, service.engine, stored.id, caller.tenant)
     if not deleted:  # deleted meanwhile
@@ -324,6 +322,7 @@ async def remove_response(response_id: str, request: Request, caller: CallerDep)
 async def list_input_items(
     response_id: str,
     request: Request,
+    service: ServiceDep,
     caller: CallerDep,
     limit: Annotated[int, Query(ge=1, le=MAX_ITEMS_PAGE, description="Items per page.")] = 20,
     order: Annotated[
@@ -334,7 +333,6 @@ async def list_input_items(
     ] = None,
 ) -> JSONResponse:
     """The response's input items (not the earlier responses' it continues), a page at a time."""
-    service: WorkflowService = request.app.state.service
     _refuse_include(request)
     stored = await stored_response(service, response_id, caller.tenant)
     items = stored.input_items if order == "asc" else stored.input_items[::-1]

@@ -9,7 +9,7 @@ from typing import Any
 
 from conductor.chat import Usage
 from conductor_adapters.store.responses import StoredResponse
-from conductor_api.chat import conductor_field, openai_usage, workflow_failed
+from conductor_api.openai_shared import conductor_field, openai_usage, workflow_failed
 from conductor_api.schemas import UsageView, WorkflowView
 
 # A workflow's status, as a response's.

@@ -14,9 +14,9 @@ from typing import Any, Literal, cast
 from conductor.answer_format import AnswerFormat
 from conductor.orchestration import MAX_QUESTION_CHARS, text_fault
 from conductor_adapters.store.responses import StoredResponse
-from conductor_api.chat import render_question
 from conductor_api.errors import ApiError, invalid, unknown_fields, unsupported
 from conductor_api.images import IMAGE_PART, image_part
+from conductor_api.openai_shared import render_question
 from conductor_api.request_policy import RESPONSES, blank, refuse_unsupported
 from conductor_api.responses_schemas import ResponseCreateRequest
 from conductor_api.schemas import (

@@ -15,12 +15,12 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from conductor.chat import ToolUse
-from conductor_api.auth import CallerDep
-from conductor_api.chat import check_passthrough, unknown_model
+from conductor_api.auth import CallerDep, ServiceDep
+from conductor_api.openai_shared import check_passthrough, unknown_model
 from conductor_api.request_policy import RESPONSES, refuse_unsupported
 from conductor_api.responses_request import (
     check_reasoning,
@@ -31,7 +31,6 @@ from conductor_api.responses_request import (
 from conductor_api.responses_schemas import INPUT_SCHEMA, MAX_RESPONSE_ID_CHARS
 from conductor_api.responses_store import continued
 from conductor_api.schemas import ClientStr, Name, Text
-from conductor_api.service import WorkflowService
 from conductor_api.tools import tool_use
 
 router = APIRouter(tags=["OpenAI-compatible"])
@@ -84,11 +83,10 @@ def estimate_input_tokens(messages: list[dict[str, Any]], tools: ToolUse | None)
 
 @router.post("/v1/responses/input_tokens", response_model=InputTokenCount)
 async def count_input_tokens(
-    body: InputTokensRequest, request: Request, caller: CallerDep
+    body: InputTokensRequest, service: ServiceDep, caller: CallerDep
 ) -> InputTokenCount:
     """The input's tokens (an estimate: see the module), for the model as a response would
     be sent to it; nothing is started or counted against the key's limits."""
-    service: WorkflowService = request.app.state.service
     if body.model is not None and body.model in service.worker_names:
         check_passthrough(service, caller, body.model, None)
     elif body.model is not None and body.model not in service.variants:

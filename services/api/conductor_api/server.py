@@ -20,7 +20,7 @@ import uvicorn
 
 from conductor_adapters.metrics_server import MetricsServer
 from conductor_adapters.rpc.guard import RequestGuard
-from conductor_api.app import create_app, readiness
+from conductor_api.app import create_app
 from conductor_api.grpc_service import add_workflows_service, mark_serving
 from conductor_api.service import WorkflowService
 
@@ -59,7 +59,7 @@ def _ready_check(service: WorkflowService, loop: asyncio.AbstractEventLoop) -> C
     """The API's readiness for the metrics port's thread: asked on the server's loop."""
 
     def ready() -> bool:
-        return asyncio.run_coroutine_threadsafe(readiness(service), loop).result(10)[0]
+        return asyncio.run_coroutine_threadsafe(service.readiness(), loop).result(10)[0]
 
     return ready
 
@@ -108,7 +108,7 @@ async def serve_api(
         metrics_url = None
         if metrics_port is not None:
             metrics_server = MetricsServer(
-                app.state.metrics.registry,
+                service.metrics.registry,
                 port=metrics_port,
                 host=host,
                 ready=_ready_check(service, asyncio.get_running_loop()),

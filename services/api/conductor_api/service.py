@@ -1,64 +1,57 @@
-"""What the HTTP and gRPC front ends need from a runtime, and the rules they share.
+"""The API's application layer: one service every front door (Chat Completions, Responses,
+completions, the job API, gRPC) calls, over either runtime (``conductor_api.runtime``).
 
-``WorkflowService`` has two implementations: embedded (the executor in this process) and
-distributed (submit through the broker; aggregators run the workflow). Both write the same
-trace tables, so reads (conductor_api.reads) and event streams are shared; the services only
-differ in how work starts and how new events are announced.
+It starts workflows and calls single workers for a caller, cancels, follows events, lists and
+reads, and it alone admits work (the API key's pools and limits, ``admit``), makes a keyed
+submission idempotent (``start_workflow``) and counts what the metrics count. A door reads its
+wire format into these calls and writes their results back; it holds no rule of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
+import hashlib
+import re
 import uuid
-from abc import ABC, abstractmethod
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 
 from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage, Sampling, ToolUse
 from conductor.errors import InvalidRequest
 from conductor.machine import FINAL_EVENT_KINDS
-from conductor.orchestration import check_question, check_text
-from conductor.pool import Pool
-from conductor.ports import StepCallResult
-from conductor.variants import MAX_STEPS_LIMIT, Variant, get_variant
+from conductor.variants import Variant
 from conductor.workflow import WorkflowStatus
-from conductor_adapters.store.keys import CachedKeys, KeyLimits
+from conductor_adapters.store.keys import CachedKeys
 from conductor_adapters.store.runs import SubmitRequest
+from conductor_adapters.webhooks import check_url
+from conductor_api.direct_calls import DirectCall
+from conductor_api.errors import ApiError
 from conductor_api.key_limits import KeyLimiter
+from conductor_api.metrics import ApiMetrics
 from conductor_api.reads import (
     EVENTS_PER_READ,
+    WorkflowFilter,
     find_idempotent,
+    list_workflows,
     load_events,
+    load_workflow,
     outcome_passed,
     outcome_stored,
     workflow_status,
 )
-from conductor_api.schemas import (
-    MAX_LABEL_VALUE_CHARS,
-    MAX_LABELS,
-    MAX_NAME_CHARS,
-    EventView,
-)
+from conductor_api.rules import JOB_FIELDS, Caller, Rules, SubmitFields
+from conductor_api.runtime import WorkflowRuntime
+from conductor_api.schemas import EventView, WorkflowSummary, WorkflowView
 
-# A reader re-reads a workflow's events this often when announcements may not reach it (a
-# workflow run by another process, announcements interrupted)...
-POLL_INTERVAL_S = 1.0
-# ...and this often when every event is announced to it: a safety net only, so the CPU a
-# waiting reader costs does not grow with how long it waits.
-ANNOUNCED_POLL_S = 10.0
 # How long a cancel waits for the cancelled outcome to be stored before it answers.
 CANCEL_WAIT_S = 10.0
-
-
-class WorkflowElsewhere(Exception):
-    """The workflow runs in another process, which this one cannot reach to cancel it."""
+WAIT_MARGIN_S = 30.0  # beyond the variant's own deadline, for the outcome to be stored
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,255}")  # printable ASCII, no spaces
+BUDGET_HEADER = "x-conductor-budget-remaining-usd"
 
 
 class IdempotencyConflict(Exception):
@@ -66,289 +59,93 @@ class IdempotencyConflict(Exception):
 
 
 @dataclass(frozen=True)
-class SubmitFields:
-    """What a front end calls each part of a submission, for the errors that name it."""
+class Started:
+    """A workflow accepted for a caller."""
 
-    question: str = "question"
-    variant: str = "variant"
-    pool: str = "pool"
-    max_steps: str = "max_steps"
-    cost_weight: str = "cost_weight"
-    labels: str = "metadata"
+    workflow_id: uuid.UUID
+    variant: Variant
+    status: str = "queued"  # a replay's: the status of the workflow the key made
+    replayed: bool = False  # the Idempotency-Key came before with this request
+    limit_headers: dict[str, str] = field(default_factory=dict)  # where the caller's key stands
 
-
-# The job API's and gRPC's names; chat completions carry the options under "conductor".
-JOB_FIELDS = SubmitFields()
-CHAT_FIELDS = SubmitFields(
-    question="messages",
-    variant="model",
-    pool="conductor.pool",
-    max_steps="conductor.max_steps",
-    cost_weight="conductor.cost_weight",
-)
+    @property
+    def timeout_s(self) -> float:
+        """How long to wait for its answer: the variant's deadline and a margin."""
+        return self.variant.workflow_timeout_s + WAIT_MARGIN_S
 
 
-def check_labels(labels: Mapping[str, str], field: str) -> None:
-    """The HTTP schemas' limits on labels, for every front end (gRPC's arrive unchecked)."""
-    if len(labels) > MAX_LABELS:
-        raise InvalidRequest(
-            f"{field}: at most {MAX_LABELS} labels, not {len(labels)}", param=field
-        )
-    for key, value in labels.items():
-        if not 1 <= len(key) <= MAX_NAME_CHARS:
-            raise InvalidRequest(
-                f"{field}: a label's name has 1 to {MAX_NAME_CHARS} characters, not {len(key)}",
-                param=field,
-            )
-        if len(value) > MAX_LABEL_VALUE_CHARS:
-            raise InvalidRequest(
-                f"{field}: the label {key!r} is longer than {MAX_LABEL_VALUE_CHARS} characters",
-                param=field,
-            )
-        try:
-            check_text(f"the label {key!r}", key + value)
-        except InvalidRequest as exc:
-            raise InvalidRequest(f"{field}: {exc}", param=field) from None
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who is calling: the API key's tenant and the workers it may use (None: any)."""
-
-    tenant: str
-    allowed_pool: tuple[str, ...] | None = None
-    key_id: str | None = None
-    limits: KeyLimits | None = None
-    signs_webhooks: bool = False  # its key has a webhook signing secret
-
-
-class EventSignals:
-    """Wakes the readers of a workflow's events when new ones are stored.
-
-    Announcements are a shortcut, not the source of truth: readers re-read the table at least
-    every ``WorkflowService.poll_interval_s``, so a lost announcement delays an event, never
-    drops it.
-    """
-
-    # Finished workflows whose last sequence is remembered: a reader that read just before the
-    # final event and waits just after its announcement returns at once instead of polling.
-    FINISHED_KEPT = 10_000
-
-    def __init__(self) -> None:
-        self._latest: dict[uuid.UUID, int] = {}
-        self._wakeups: dict[uuid.UUID, asyncio.Event] = {}
-        self._finished: OrderedDict[uuid.UUID, int] = OrderedDict()
-        self.rereads = 0  # times every reader was told to re-read (announcements were missed)
-
-    def announce(self, workflow_id: uuid.UUID, sequence: int, *, final: bool = False) -> None:
-        self._latest[workflow_id] = max(sequence, self._latest.get(workflow_id, 0))
-        wakeup = self._wakeups.pop(workflow_id, None)
-        if wakeup is not None:
-            wakeup.set()
-        if final:
-            self._finished[workflow_id] = self._latest.pop(workflow_id)
-            while len(self._finished) > self.FINISHED_KEPT:
-                self._finished.popitem(last=False)
-
-    def latest(self, workflow_id: uuid.UUID) -> tuple[int, bool]:
-        """The last sequence announced for the workflow, and whether it was its outcome."""
-        if workflow_id in self._finished:
-            return self._finished[workflow_id], True
-        return self._latest.get(workflow_id, 0), False
-
-    def wake_all(self) -> None:
-        """Wake every waiting reader to re-read: announcements may have been missed."""
-        self.rereads += 1
-        wakeups, self._wakeups = self._wakeups, {}
-        for wakeup in wakeups.values():
-            wakeup.set()
-
-    async def wait(self, workflow_id: uuid.UUID, after: int, timeout_s: float) -> bool:
-        """Wait for an announcement past ``after``; False when ``timeout_s`` passed first."""
-        latest, _ = self.latest(workflow_id)
-        if latest > after:
-            return True
-        wakeup = self._wakeups.setdefault(workflow_id, asyncio.Event())
-        try:
-            await asyncio.wait_for(wakeup.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
-
-
-class WorkflowService(ABC):
-    """A runtime behind the API: starts workflows and pass-through calls."""
-
-    mode: str
+class WorkflowService:
+    """The API over a runtime: ``variants`` are what a request may name as its model
+    (``default_variant`` when it names none); ``limiter`` counts each key's requests (in this
+    process unless given one on Redis); ``metrics`` is what /metrics shows."""
 
     def __init__(
         self,
-        engine: Engine,
-        pool: Pool,
+        runtime: WorkflowRuntime,
         variants: Mapping[str, Variant],
         default_variant: str,
         *,
         limiter: KeyLimiter | None = None,
+        metrics: ApiMetrics | None = None,
     ) -> None:
-        self.engine = engine
-        self.limiter = limiter or KeyLimiter(engine)  # in memory: this process's requests
-        self.pool = pool
-        self.variants = dict(variants)
-        self.default_variant = default_variant
-        self.signals = EventSignals()
-        self.keys = CachedKeys(engine)
+        self.runtime = runtime
+        self.engine = runtime.engine
+        self.pool = runtime.pool
+        self.rules = Rules(runtime.worker_names, variants, default_variant)
+        self.limiter = limiter or KeyLimiter(self.engine)  # in memory: this process's requests
+        self.metrics = metrics or ApiMetrics()
+        self.keys = CachedKeys(self.engine)
         self._idempotent = asyncio.Lock()
 
-    def poll_interval_s(self, workflow_id: uuid.UUID) -> float:
-        """How long a reader of ``workflow_id`` waits for an announcement before re-reading."""
-        return POLL_INTERVAL_S
+    @property
+    def mode(self) -> str:
+        return self.runtime.mode
 
     @property
-    @abstractmethod
     def worker_names(self) -> list[str]:
-        """Workers a request may name, in pool order."""
+        return self.rules.worker_names
 
-    @abstractmethod
-    async def submit(self, request: SubmitRequest) -> uuid.UUID:
-        """Record the workflow (queued, with its tenant) and start it; returns at once."""
-
-    @abstractmethod
-    async def passthrough(
-        self,
-        worker: str,
-        messages: Sequence[ChatMessage],
-        *,
-        allowed_workers: Collection[str] | None = None,
-        tenant: str | None = None,
-        tools: ToolUse | None = None,
-        sampling: Sampling | None = None,
-    ) -> StepCallResult:
-        """One call to one worker, with the gateway's retries, quotas and costs; its fallbacks
-        only among ``allowed_workers`` (the caller's key's pool; None: any); ``tenant``'s
-        fair turn among calls waiting on the worker's quotas; ``tools`` the functions it may
-        ask the client to call; ``sampling`` the request's own max_tokens and temperature."""
-
-    async def submit_once(self, request: SubmitRequest) -> tuple[uuid.UUID, str | None]:
-        """Submit a request carrying an Idempotency-Key once: (its workflow, None) the first
-        time; (the same workflow, its status now) when the key came before with the same
-        request. Raises IdempotencyConflict when it came with another request."""
-        assert request.idempotency_key is not None, "submit() takes requests without a key"
-        key, tenant = request.idempotency_key, request.tenant
-        async with self._idempotent:  # one check-then-submit at a time in this process
-            found = await asyncio.to_thread(find_idempotent, self.engine, tenant, key)
-            if found is None:
-                try:
-                    return await self.submit(request), None
-                except IntegrityError:  # another replica recorded the key meanwhile
-                    found = await asyncio.to_thread(find_idempotent, self.engine, tenant, key)
-                    if found is None:
-                        raise
-        if found.request_hash != request.request_hash:
-            raise IdempotencyConflict(key)
-        return found.workflow_id, found.status
-
-    @abstractmethod
-    async def request_cancel(self, workflow_id: uuid.UUID, reason: str) -> None:
-        """Ask the runtime to end a running or queued workflow cancelled (``cancel`` checks
-        first that it is the caller's and still running)."""
-
-    async def cancel(self, workflow_id: uuid.UUID, tenant: str, reason: str) -> None:
-        """Cancel the tenant's workflow unless it has ended, and wait (``CANCEL_WAIT_S`` at
-        most) for its outcome to be stored. Raises LookupError when the workflow is not the
-        tenant's, WorkflowElsewhere when this process cannot reach the one that runs it."""
-        status = await asyncio.to_thread(workflow_status, self.engine, workflow_id, tenant)
-        if status is None:
-            raise LookupError(workflow_id)
-        if WorkflowStatus(status).terminal:
-            return
-        await self.request_cancel(workflow_id, reason)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(CANCEL_WAIT_S):
-                await self.wait_for_outcome(workflow_id, tenant)
-
-    # Checks /readyz reports without failing on: a dependency every replica shares, whose
-    # outage taking every API pod out of its Service would turn clear errors into refused
-    # connections, and stop the job API from accepting work that waits for it.
-    advisory_checks: frozenset[str] = frozenset()
-
-    @abstractmethod
-    async def readiness(self) -> dict[str, str]:
-        """Each dependency and "ok", or what is wrong with it."""
+    @property
+    def variants(self) -> dict[str, Variant]:
+        return self.rules.variants
 
     async def start(self) -> None:
-        return None
+        await self.runtime.start()
 
     async def aclose(self) -> None:
-        return None
+        await self.runtime.aclose()
 
-    # -- shared rules -----------------------------------------------------------------------
+    async def readiness(self) -> tuple[bool, dict[str, str]]:
+        """Whether the runtime is ready, and the body that says so: status, mode and each
+        check (the advisory ones reported, not required)."""
+        checks = await self.runtime.readiness()
+        advisory = self.runtime.advisory_checks
+        ready = all(value == "ok" for name, value in checks.items() if name not in advisory)
+        return ready, {"status": "ready" if ready else "not ready", "mode": self.mode, **checks}
 
-    def variant_for(
-        self,
-        name: str | None,
-        max_steps: int | None,
-        cost_weight: float | None = None,
-        fields: SubmitFields = JOB_FIELDS,
-    ) -> Variant:
-        """The variant a request names (the default when it names none), with its max_steps
-        and router cost weight. Checked here, not only by the HTTP schemas: gRPC requests
-        arrive unvalidated."""
+    # -- admission ----------------------------------------------------------------------------
+
+    async def admit(self, caller: Caller, *, starts_workflow: bool) -> dict[str, str]:
+        """The headers that tell the client where its key stands; ApiError 429 when the
+        caller's key is at a limit (nothing is started then). Counted in the metrics."""
         try:
-            variant = get_variant(name or self.default_variant, self.variants)
-        except InvalidRequest as exc:
-            raise InvalidRequest(f"{fields.variant}: {exc}", param=fields.variant) from None
-        if max_steps is not None:
-            if not 1 <= max_steps <= MAX_STEPS_LIMIT:
-                raise InvalidRequest(
-                    f"{fields.max_steps} must be 1 to {MAX_STEPS_LIMIT}, not {max_steps}",
-                    param=fields.max_steps,
-                )
-            variant = variant.model_copy(update={"max_steps": max_steps})
-        if cost_weight is not None:
-            if not math.isfinite(cost_weight) or cost_weight < 0:
-                raise InvalidRequest(
-                    f"{fields.cost_weight} must be a number >= 0, not {cost_weight}",
-                    param=fields.cost_weight,
-                )
-            variant = variant.model_copy(update={"router_cost_weight": cost_weight})
-        return variant
-
-    def allowed_workers(self, caller: Caller) -> list[str]:
-        names = self.worker_names
-        if caller.allowed_pool is None:
-            return names
-        return [n for n in names if n in caller.allowed_pool]
-
-    def resolve_pool(
-        self, caller: Caller, requested: Sequence[str] | None, fields: SubmitFields = JOB_FIELDS
-    ) -> list[str] | None:
-        """The workers a request may use: what it asked for, checked against the pool and the
-        caller's key; None means every worker of the pool (a key without limits)."""
-        if requested is None:
-            return None if caller.allowed_pool is None else list(caller.allowed_pool)
-        wanted = list(dict.fromkeys(requested))
-        if caller.allowed_pool is not None:
-            # One answer whether a name is in the pool or not: a key limited to some workers
-            # learns nothing of the others, not even which names exist.
-            allowed = self.allowed_workers(caller)
-            refused = [n for n in wanted if n not in allowed]
-            if refused:
-                raise InvalidRequest(
-                    f"{fields.pool}: this API key may not use {', '.join(refused)} "
-                    f"(allowed: {', '.join(allowed) or 'none'})",
-                    param=fields.pool,
-                )
-            return wanted
-        unknown = [n for n in wanted if n not in self.worker_names]
-        if unknown:
-            raise InvalidRequest(
-                f"{fields.pool}: workers not in the pool: {', '.join(unknown)} "
-                f"(known: {', '.join(self.worker_names)})",
-                param=fields.pool,
+            headers = await self.limiter.admit(
+                caller.key_id, caller.limits, starts_workflow=starts_workflow
             )
-        return wanted
+        except ApiError as refused:
+            self.metrics.refused.labels(refused.code or "limit").inc()
+            self._budget_seen(caller, refused.headers)
+            raise
+        self._budget_seen(caller, headers)
+        return headers
 
-    def submission(
+    def _budget_seen(self, caller: Caller, headers: dict[str, str]) -> None:
+        if caller.key_id is not None and BUDGET_HEADER in headers:
+            self.metrics.budget_remaining.labels(caller.key_id).set(float(headers[BUDGET_HEADER]))
+
+    # -- starting work ------------------------------------------------------------------------
+
+    async def start_workflow(
         self,
         caller: Caller,
         question: str,
@@ -360,45 +157,148 @@ class WorkflowService(ABC):
         metadata: Mapping[str, str] | None = None,
         fields: SubmitFields = JOB_FIELDS,
         answer_format: AnswerFormat | None = None,
-    ) -> SubmitRequest:
-        """A request checked against every rule before anything is recorded: the question,
-        the variant, max_steps, the labels, and the pool against the pool and the caller's
-        key. Errors name the field at fault as ``fields`` calls it. ``answer_format`` comes
-        checked by the front end that read it (its schema is one)."""
-        try:
-            check_question(question)
-        except InvalidRequest as exc:
-            raise InvalidRequest(f"{fields.question}: {exc}", param=fields.question) from None
-        labels = dict(metadata or {})
-        check_labels(labels, fields.labels)
-        return SubmitRequest(
-            question=question,
-            variant=self.variant_for(variant, max_steps, cost_weight, fields),
-            pool=self.resolve_pool(caller, pool, fields),
-            tenant=caller.tenant,
-            metadata=labels,
+        callback_url: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Started:
+        """Check the request against every rule, admit it, and start its workflow; with an
+        ``idempotency_key``, the workflow that key made the first time (``replayed``) when it
+        comes again with the same request. InvalidRequest names a field at fault; ApiError
+        429 at a key's limit, 409 for a key that came with another request."""
+        submission = self.rules.submission(
+            caller,
+            question,
+            variant=variant,
+            pool=pool,
+            max_steps=max_steps,
+            cost_weight=cost_weight,
+            metadata=metadata,
+            fields=fields,
             answer_format=answer_format,
-            key_id=caller.key_id,
         )
+        if callback_url is not None:
+            check_url(callback_url, "callback_url")
+            if not caller.signs_webhooks:
+                raise InvalidRequest(
+                    "callback_url: this key has no webhook signing secret, and nothing unsigned "
+                    "is sent: an operator makes one with `conductor keys webhook KEY_ID`",
+                    param="callback_url",
+                )
+            submission = submission.model_copy(update={"callback_url": callback_url})
+        if idempotency_key is not None and not IDEMPOTENCY_KEY.fullmatch(idempotency_key):
+            raise InvalidRequest(
+                "Idempotency-Key: 1 to 255 printable ASCII characters without spaces",
+                param="Idempotency-Key",
+            )
+        headers = await self.admit(caller, starts_workflow=True)
+        if idempotency_key is None:
+            workflow_id = await self.runtime.submit(submission)
+        else:
+            digest = hashlib.sha256(submission.model_dump_json().encode()).hexdigest()
+            keyed = submission.model_copy(
+                update={"idempotency_key": idempotency_key, "request_hash": digest}
+            )
+            try:
+                workflow_id, replayed = await self.submit_once(keyed)
+            except IdempotencyConflict:
+                raise ApiError(
+                    409,
+                    "Idempotency-Key: this key was used before with another request; use a "
+                    "new key for a new request",
+                    code="idempotency_key_reused",
+                    param="Idempotency-Key",
+                ) from None
+            if replayed is not None:
+                return Started(workflow_id, submission.variant, replayed, True, headers)
+        self.metrics.workflows.labels(submission.variant.name).inc()
+        return Started(workflow_id, submission.variant, limit_headers=headers)
+
+    async def submit_once(self, request: SubmitRequest) -> tuple[uuid.UUID, str | None]:
+        """Submit a request carrying an Idempotency-Key once: (its workflow, None) the first
+        time; (the same workflow, its status now) when the key came before with the same
+        request. Raises IdempotencyConflict when it came with another request."""
+        assert request.idempotency_key is not None, "submit() takes requests without a key"
+        key, tenant = request.idempotency_key, request.tenant
+        async with self._idempotent:  # one check-then-submit at a time in this process
+            found = await asyncio.to_thread(find_idempotent, self.engine, tenant, key)
+            if found is None:
+                try:
+                    return await self.runtime.submit(request), None
+                except IntegrityError:  # another replica recorded the key meanwhile
+                    found = await asyncio.to_thread(find_idempotent, self.engine, tenant, key)
+                    if found is None:
+                        raise
+        if found.request_hash != request.request_hash:
+            raise IdempotencyConflict(key)
+        return found.workflow_id, found.status
+
+    async def call_worker(
+        self,
+        caller: Caller,
+        worker: str,
+        messages: Sequence[ChatMessage],
+        *,
+        answer_format: AnswerFormat | None = None,
+        tools: ToolUse | None = None,
+        sampling: Sampling | None = None,
+    ) -> tuple[DirectCall, dict[str, str]]:
+        """Admit a call of one worker the caller's key may use (ApiError 404 otherwise) and
+        the call, made when awaited (inside a stream, if streaming), with the key's standing."""
+        if worker not in self.rules.allowed_workers(caller):
+            raise unknown_model(worker)
+        headers = await self.admit(caller, starts_workflow=False)
+        call = DirectCall(
+            self.runtime.runner,
+            self.engine,
+            self.metrics,
+            caller,
+            worker,
+            messages,
+            answer_format=answer_format,
+            tools=tools,
+            sampling=sampling,
+        )
+        return call, headers
+
+    # -- running workflows --------------------------------------------------------------------
+
+    async def cancel(self, workflow_id: uuid.UUID, tenant: str, reason: str) -> None:
+        """Cancel the tenant's workflow unless it has ended, and wait (``CANCEL_WAIT_S`` at
+        most) for its outcome to be stored. Raises LookupError when the workflow is not the
+        tenant's, WorkflowElsewhere when this process cannot reach the one that runs it."""
+        status = await asyncio.to_thread(workflow_status, self.engine, workflow_id, tenant)
+        if status is None:
+            raise LookupError(workflow_id)
+        if WorkflowStatus(status).terminal:
+            return
+        await self.runtime.request_cancel(workflow_id, reason)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(CANCEL_WAIT_S):
+                await self.wait_for_outcome(workflow_id, tenant)
 
     async def wait_for_outcome(self, workflow_id: uuid.UUID, tenant: str) -> None:
         """Return once the workflow's outcome is stored. Raises LookupError when the workflow
-        is not the tenant's.
+        is not the tenant's (one running in this process is waited for as it runs)."""
+        if await self.runtime.wait_for_run(workflow_id):
+            return
+        await self.wait_for_stored_outcome(workflow_id, tenant)
 
-        The table is asked whether the outcome is stored (no event is read: a non-streamed
-        request needs the outcome, not every event); after that, announcements of progress only
-        wake the wait, and the table is asked again only when the wait timed out or was woken
-        to re-read."""
+    async def wait_for_stored_outcome(self, workflow_id: uuid.UUID, tenant: str) -> None:
+        """``wait_for_outcome`` for a workflow run anywhere: the table is asked whether the
+        outcome is stored (no event is read: a non-streamed request needs the outcome, not
+        every event); after that, announcements of progress only wake the wait, and the table
+        is asked again only when the wait timed out or was woken to re-read."""
+        signals = self.runtime.signals
         finished = await asyncio.to_thread(outcome_stored, self.engine, workflow_id, tenant)
         if finished is None:
             raise LookupError(workflow_id)
-        seen, announced_finished = self.signals.latest(workflow_id)
+        seen, announced_finished = signals.latest(workflow_id)
         if finished or announced_finished:
             return
         while True:
-            rereads = self.signals.rereads
-            woken = await self.signals.wait(workflow_id, seen, self.poll_interval_s(workflow_id))
-            announced, finished = self.signals.latest(workflow_id)
+            rereads = signals.rereads
+            interval_s = self.runtime.poll_interval_s(workflow_id)
+            woken = await signals.wait(workflow_id, seen, interval_s)
+            announced, finished = signals.latest(workflow_id)
             if finished:
                 return
             if announced > seen:  # progress was announced: wait on
@@ -406,7 +306,7 @@ class WorkflowService(ABC):
                 continue
             # Woken by the announcement of an event already read: wait on. Timed out, or told
             # to re-read: the table says whether the outcome is there.
-            if not woken or self.signals.rereads != rereads:
+            if not woken or signals.rereads != rereads:
                 stored = await asyncio.to_thread(outcome_stored, self.engine, workflow_id, tenant)
                 if stored is not False:  # stored, or the workflow was deleted meanwhile
                     return
@@ -436,4 +336,48 @@ class WorkflowService(ABC):
                 return
             if len(events) < EVENTS_PER_READ:  # else more are stored already: read on
                 # Returns at once when an event past ``after`` was announced meanwhile.
-                await self.signals.wait(workflow_id, after, self.poll_interval_s(workflow_id))
+                interval_s = self.runtime.poll_interval_s(workflow_id)
+                await self.runtime.signals.wait(workflow_id, after, interval_s)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    async def read(self, workflow_id: uuid.UUID, tenant: str) -> WorkflowView | None:
+        """The tenant's workflow as it is now; None when it is not the tenant's."""
+        return await asyncio.to_thread(load_workflow, self.engine, workflow_id, tenant)
+
+    async def ended(self, workflow_id: uuid.UUID, tenant: str) -> WorkflowView | None:
+        """``read`` for a workflow whose answer a client waited for: counted in the metrics."""
+        view = await self.read(workflow_id, tenant)
+        if view is not None:
+            self.metrics.workflow(tenant, view)
+        return view
+
+    async def exists(self, workflow_id: uuid.UUID, tenant: str) -> bool:
+        """Whether the workflow is the tenant's."""
+        found = await asyncio.to_thread(workflow_status, self.engine, workflow_id, tenant)
+        return found is not None
+
+    async def list_page(
+        self, tenant: str, wanted: WorkflowFilter, *, limit: int, after: uuid.UUID | None
+    ) -> tuple[list[WorkflowSummary], bool]:
+        """A page of the tenant's workflows, newest first, and whether more follow; InvalidRequest
+        when ``after`` names no workflow of the tenant's."""
+        found = await asyncio.to_thread(
+            list_workflows, self.engine, tenant, wanted, limit=limit, after=after
+        )
+        if found is None:
+            raise InvalidRequest(f"after: no workflow {after} to continue from", param="after")
+        return found
+
+    def allowed_workers(self, caller: Caller) -> list[str]:
+        return self.rules.allowed_workers(caller)
+
+
+def unknown_model(model: str) -> ApiError:
+    return ApiError(
+        404,
+        f"The model {model!r} does not exist or you do not have access to it "
+        "(GET /v1/models lists yours).",
+        code="model_not_found",
+        param="model",
+    )

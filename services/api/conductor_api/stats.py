@@ -17,16 +17,15 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from pydantic import BaseModel
 from sqlalchemy import Engine, select
 
 from conductor_adapters.store.models import step_table, workflow_table
 from conductor_adapters.store.redact import without_addresses
-from conductor_api.auth import CallerDep
+from conductor_api.auth import CallerDep, ServiceDep
 from conductor_api.errors import ApiError
 from conductor_api.reads import as_utc
-from conductor_api.service import WorkflowService
 
 router = APIRouter(prefix="/v1/stats", tags=["Job API"])
 
@@ -194,7 +193,7 @@ def _by_worker(rows: Iterable[Any], bucket: Bucket) -> list[WorkerBucket]:
 
 @router.get("", response_model=Stats)
 async def stats(
-    request: Request,
+    service: ServiceDep,
     caller: CallerDep,
     created_after: Annotated[
         datetime | None, Query(description="From (ISO 8601 or Unix seconds); default: a week ago.")
@@ -225,5 +224,4 @@ async def stats(
             "choose day or a shorter span",
             param="bucket",
         )
-    service: WorkflowService = request.app.state.service
     return await asyncio.to_thread(read_stats, service.engine, caller.tenant, since, until, bucket)

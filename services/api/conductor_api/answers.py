@@ -1,0 +1,105 @@
+"""Waiting for a workflow's answer on behalf of a client (Chat Completions, Responses,
+completions): the answer once it has come, or the progress of a stream until it comes; a
+workflow whose client goes away first is cancelled, its answer having nobody else to go to
+(a job submitted to the job API runs on)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+
+from starlette.requests import Request
+
+from conductor_api.errors import ApiError
+from conductor_api.openai_shared import workflow_failed, workflow_timed_out
+from conductor_api.schemas import WorkflowView
+from conductor_api.service import WorkflowService
+from conductor_api.sse import KEEPALIVE, with_keepalive
+
+CLIENT_GONE = "its client went away before the answer"
+DISCONNECT_POLL_S = 0.5
+# Cancels started for streams whose client went away, kept until they end (a task nobody
+# holds can be collected before it runs).
+_cancelling: set[asyncio.Task[None]] = set()
+
+
+def disconnected(request: Request) -> Callable[[], Awaitable[None]]:
+    """What returns once the client of ``request`` has closed its connection. Polled:
+    Starlette tells of a disconnect only when asked."""
+
+    async def gone() -> None:
+        while not await request.is_disconnected():  # noqa: ASYNC110
+            await asyncio.sleep(DISCONNECT_POLL_S)
+
+    return gone
+
+
+async def completed_workflow(
+    service: WorkflowService,
+    workflow_id: uuid.UUID,
+    tenant: str,
+    timeout_s: float,
+    gone: Callable[[], Awaitable[None]],
+) -> WorkflowView:
+    """The workflow once it has completed (counted in the metrics); a 502 if it did not, a
+    504 past ``timeout_s`` (the workflow runs on). If the client goes away first (``gone``
+    returns), the workflow is cancelled."""
+    outcome = asyncio.ensure_future(service.wait_for_outcome(workflow_id, tenant))
+    left = asyncio.ensure_future(gone())
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.wait({outcome, left}, return_when=asyncio.FIRST_COMPLETED)
+    except TimeoutError:
+        raise workflow_timed_out(workflow_id, timeout_s) from None
+    finally:
+        left.cancel()
+        if not outcome.done():
+            outcome.cancel()
+    if not outcome.done() or outcome.cancelled():
+        await service.cancel(workflow_id, tenant, CLIENT_GONE)
+    else:
+        outcome.result()  # raises what the wait raised
+    view = await service.ended(workflow_id, tenant)
+    if view is None:  # deleted meanwhile
+        raise ApiError(404, f"workflow {workflow_id} not found", code="not_found")
+    if view.status != "completed":
+        raise workflow_failed(view)
+    return view
+
+
+def _cancel_in_background(service: WorkflowService, workflow_id: uuid.UUID, tenant: str) -> None:
+    """Cancel from a stream the server is tearing down: in a task of its own, outside the
+    stream's cancelled scope."""
+    task = asyncio.get_running_loop().create_task(service.cancel(workflow_id, tenant, CLIENT_GONE))
+    _cancelling.add(task)
+    task.add_done_callback(_cancelling.discard)
+
+
+async def workflow_progress(
+    service: WorkflowService,
+    workflow_id: uuid.UUID,
+    tenant: str,
+    timeout_s: float,
+    first: Iterable[str],
+) -> AsyncGenerator[str, None]:
+    """A workflow's stream until it finishes: ``first``, then keepalives and its progress as
+    SSE comments (OpenAI clients skip them, curl shows them). Raises a 504 ApiError past
+    ``timeout_s`` (the workflow runs on). Closed before the workflow finishes (the client went
+    away, so the server closes the stream) or broken, it cancels the workflow: its answer has
+    nobody else to go to. Close it explicitly (``contextlib.aclosing``) so that the cancel
+    does not wait for garbage collection. Then ``service.ended`` reads the outcome."""
+    finished = False
+    try:
+        for line in first:
+            yield line
+        async with asyncio.timeout(timeout_s):
+            async for event in with_keepalive(service.follow(workflow_id, tenant)):
+                yield KEEPALIVE if event is None else f": {event.kind} {event.sequence}\n\n"
+        finished = True
+    except TimeoutError:
+        finished = True
+        raise workflow_timed_out(workflow_id, timeout_s) from None
+    finally:
+        if not finished:
+            _cancel_in_background(service, workflow_id, tenant)

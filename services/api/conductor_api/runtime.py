@@ -1,0 +1,132 @@
+"""What the API needs from a runtime, and the wake-ups its readers share.
+
+A runtime is where workflows run: embedded (the executor in this process) or distributed
+(submitted through the broker; aggregators run them). It records and starts a workflow, asks
+a running one to end, announces stored events to ``signals``, reports its readiness, and
+lends its step runner for calls of one worker. Everything else the API does (its rules,
+admission, idempotency, metrics, waiting and following) is ``conductor_api.service``'s, the
+same over either runtime: both write the same trace tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import OrderedDict
+from typing import Protocol
+
+from sqlalchemy import Engine
+
+from conductor.pool import Pool
+from conductor.ports import StepRunner
+from conductor_adapters.store.runs import SubmitRequest
+
+# A reader re-reads a workflow's events this often when announcements may not reach it (a
+# workflow run by another process, announcements interrupted)...
+POLL_INTERVAL_S = 1.0
+# ...and this often when every event is announced to it: a safety net only, so the CPU a
+# waiting reader costs does not grow with how long it waits.
+ANNOUNCED_POLL_S = 10.0
+
+
+class WorkflowElsewhere(Exception):
+    """The workflow runs in another process, which this one cannot reach to cancel it."""
+
+
+class WorkflowRuntime(Protocol):
+    """A runtime behind the API (``EmbeddedRuntime``, ``DistributedRuntime``)."""
+
+    mode: str  # "embedded" or "distributed", as /readyz says
+    # Checks /readyz reports without failing on: a dependency every replica shares, whose
+    # outage taking every API pod out of its Service would turn clear errors into refused
+    # connections, and stop the job API from accepting work that waits for it.
+    advisory_checks: frozenset[str]
+    engine: Engine  # the trace database
+    pool: Pool
+    runner: StepRunner  # calls of one worker: the gateway's retries, quotas, costs
+    signals: EventSignals  # where the runtime announces stored events
+
+    @property
+    def worker_names(self) -> list[str]:
+        """Workers a request may name, in pool order."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    async def submit(self, request: SubmitRequest) -> uuid.UUID:
+        """Record the workflow (queued, with its tenant) and start it; returns at once."""
+        ...
+
+    async def request_cancel(self, workflow_id: uuid.UUID, reason: str) -> None:
+        """Ask the runtime to end a running or queued workflow cancelled. Raises
+        WorkflowElsewhere when this process cannot reach the one that runs it."""
+        ...
+
+    async def wait_for_run(self, workflow_id: uuid.UUID) -> bool:
+        """True once a run of the workflow in this process has ended (its outcome is stored);
+        False at once when it does not run here (finished, or run elsewhere)."""
+        ...
+
+    def poll_interval_s(self, workflow_id: uuid.UUID) -> float:
+        """How long a reader of ``workflow_id`` waits for an announcement before re-reading."""
+        ...
+
+    async def readiness(self) -> dict[str, str]:
+        """Each dependency and "ok", or what is wrong with it."""
+        ...
+
+
+class EventSignals:
+    """Wakes the readers of a workflow's events when new ones are stored.
+
+    Announcements are a shortcut, not the source of truth: readers re-read the table at least
+    every ``WorkflowRuntime.poll_interval_s``, so a lost announcement delays an event, never
+    drops it.
+    """
+
+    # Finished workflows whose last sequence is remembered: a reader that read just before the
+    # final event and waits just after its announcement returns at once instead of polling.
+    FINISHED_KEPT = 10_000
+
+    def __init__(self) -> None:
+        self._latest: dict[uuid.UUID, int] = {}
+        self._wakeups: dict[uuid.UUID, asyncio.Event] = {}
+        self._finished: OrderedDict[uuid.UUID, int] = OrderedDict()
+        self.rereads = 0  # times every reader was told to re-read (announcements were missed)
+
+    def announce(self, workflow_id: uuid.UUID, sequence: int, *, final: bool = False) -> None:
+        self._latest[workflow_id] = max(sequence, self._latest.get(workflow_id, 0))
+        wakeup = self._wakeups.pop(workflow_id, None)
+        if wakeup is not None:
+            wakeup.set()
+        if final:
+            self._finished[workflow_id] = self._latest.pop(workflow_id)
+            while len(self._finished) > self.FINISHED_KEPT:
+                self._finished.popitem(last=False)
+
+    def latest(self, workflow_id: uuid.UUID) -> tuple[int, bool]:
+        """The last sequence announced for the workflow, and whether it was its outcome."""
+        if workflow_id in self._finished:
+            return self._finished[workflow_id], True
+        return self._latest.get(workflow_id, 0), False
+
+    def wake_all(self) -> None:
+        """Wake every waiting reader to re-read: announcements may have been missed."""
+        self.rereads += 1
+        wakeups, self._wakeups = self._wakeups, {}
+        for wakeup in wakeups.values():
+            wakeup.set()
+
+    async def wait(self, workflow_id: uuid.UUID, after: int, timeout_s: float) -> bool:
+        """Wait for an announcement past ``after``; False when ``timeout_s`` passed first."""
+        latest, _ = self.latest(workflow_id)
+        if latest > after:
+            return True
+        wakeup = self._wakeups.setdefault(workflow_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(wakeup.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
