@@ -37,6 +37,7 @@ QUICK_PUBLISH: dict[str, Any] = {
 }
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 5.0
+BATCH = 500  # rows claimed and sent in one transaction
 
 
 def send_staged(
@@ -106,7 +107,8 @@ class OutboxRelay:
     def relay_once(self) -> bool:
         """Send what is pending; False when the broker or the database failed (some remain)."""
         with self._lock:
-            ids = list(self._pending)
+            ids = self._pending[:BATCH]
+            more = len(self._pending) > BATCH
         if not ids:
             return True
         try:
@@ -122,4 +124,6 @@ class OutboxRelay:
         taken = set(ids)
         with self._lock:
             self._pending = [i for i in self._pending if i in left or i not in taken]
+        if more:
+            self._wake.set()  # the next batch at once
         return len(done) == len(claimed)

@@ -124,3 +124,19 @@ def test_a_row_a_sweeper_is_sending_is_not_sent_by_the_relay(engine: Engine) -> 
         relay.close()
     assert app.sent == [(START_WORKFLOW_TASK, staged.message.args)]
     assert _rows(engine) == 0
+
+
+def test_many_staged_rows_go_out_in_batches(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(outbox_relay, "BATCH", 2)
+    app = FlakyApp()
+    relay = OutboxRelay(engine, app)  # type: ignore[arg-type]
+    try:
+        staged = [_submit(engine) for _ in range(5)]
+        relay.put(staged)  # five at once: three transactions of at most two
+        _until(lambda: relay.pending == 0)
+    finally:
+        relay.close()
+    assert app.sent == [(START_WORKFLOW_TASK, s.message.args) for s in staged]
+    assert _rows(engine) == 0
