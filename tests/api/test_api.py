@@ -33,6 +33,7 @@ from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2, workflows_pb2_g
 from conductor_adapters.store.keys import KEY_CACHE_S, create_key, revoke_key
 from conductor_adapters.store.models import attempt_table, workflow_table
 from conductor_api import app as conductor_app
+from conductor_api.grpc_service import WorkflowsServicer
 
 from fakes.api_fixture import (
     ANSWER,
@@ -44,6 +45,7 @@ from fakes.api_fixture import (
     scripted_workers,
 )
 from fakes.api_server import LiveApi, scripted_service
+from fakes.grpc_context import Aborted, GrpcContext
 from fakes.metrics import samples
 from fakes.scripted import ScriptedWorker
 
@@ -368,6 +370,7 @@ def test_failures_reach_clients_without_internal_addresses_and_the_trace_keeps_t
     assert any(DELTA_URL in (error or "") for error in stored)
 
 
+@pytest.mark.slow  # its rule runs without a server in the fast tier: test_service.py
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -385,6 +388,7 @@ def test_a_refusal_names_the_field_at_fault(api: Api, body: dict[str, Any], para
     assert response.json()["error"]["param"] == param
 
 
+@pytest.mark.slow  # its rule runs without a server in the fast tier: test_service.py
 @pytest.mark.parametrize(
     "request_fields",
     [
@@ -518,6 +522,7 @@ def test_an_idempotency_key_makes_one_workflow_and_refuses_another_body(api: Api
     assert _workflow_count(api) == before + 3
 
 
+@pytest.mark.slow  # its rule runs without a server in the fast tier: test_service.py
 def test_concurrent_submissions_with_one_idempotency_key_make_one_workflow(api: Api) -> None:
     key = f"race-{uuid.uuid4().hex}"
 
@@ -1080,36 +1085,35 @@ def test_a_lone_surrogate_from_a_client_is_a_400_naming_the_field(
 
 
 @pytest.mark.parametrize("query", ["q=a%00b", "variant=a%00", "label=ticket:%00", "label=%00:x"])
-def test_a_nul_in_a_list_filter_is_a_400_naming_it(database_url: str, query: str) -> None:
-    """PostgreSQL refuses a NUL in a bound value (it was a 500): refused first, on both stores."""
-    server = LiveApi(lambda: scripted_service(database_url, scripted_workers()))
-    try:
-        key = create_key(server.service.engine, "acme").secret
-        auth = {"Authorization": f"Bearer {key}"}
-        with httpx.Client(base_url=server.url, headers=auth, timeout=10) as http:
-            response = http.get(f"/v1/workflows?{query}")
-        metadata = [("authorization", f"Bearer {key}")]
-        with grpc.insecure_channel(server.grpc_address) as channel:
-            stub = workflows_pb2_grpc.WorkflowsStub(channel)
-            refusals = []
-            for request in (
-                workflows_pb2.ListRequest(variant="a\x00"),
-                workflows_pb2.ListRequest(labels={"ticket": "\x00"}),
-                workflows_pb2.ListRequest(labels={"\x00": "x"}),
-            ):
-                with pytest.raises(grpc.RpcError) as refused:
-                    stub.List(request, metadata=metadata, timeout=10)
-                refusals.append(refused.value)
-    finally:
-        server.close()
+async def test_a_nul_in_a_list_filter_is_a_400_naming_it(database_url: str, query: str) -> None:
+    """PostgreSQL refuses a NUL in a bound value (it was a 500): refused first, on both stores,
+    by the app and the gRPC servicer (in process: no server)."""
+    service = scripted_service(database_url, scripted_workers())
+    key = create_key(service.engine, "acme").secret
+    transport = httpx.ASGITransport(app=conductor_app.create_app(service))
+    auth = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://api", headers=auth) as http:
+        response = await http.get(f"/v1/workflows?{query}")
+    servicer = WorkflowsServicer(service)
+    refusals = []
+    for request in (
+        workflows_pb2.ListRequest(variant="a\x00"),
+        workflows_pb2.ListRequest(labels={"ticket": "\x00"}),
+        workflows_pb2.ListRequest(labels={"\x00": "x"}),
+    ):
+        context = GrpcContext(key)
+        with pytest.raises(Aborted):
+            await servicer.List(request, context)
+        refusals.append(context)
+    service.engine.dispose()
 
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == query.split("=")[0]
     assert "NUL" in response.json()["error"]["message"]
     for refusal in refusals:
-        assert refusal.code() is grpc.StatusCode.INVALID_ARGUMENT, refusal.details()
-        assert "NUL" in (refusal.details() or "")
-        assert "SELECT" not in (refusal.details() or "")
+        assert refusal.code is grpc.StatusCode.INVALID_ARGUMENT, refusal.details
+        assert "NUL" in refusal.details
+        assert "SELECT" not in refusal.details
 
 
 @pytest.mark.parametrize(

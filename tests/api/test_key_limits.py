@@ -94,6 +94,7 @@ def test_requests_per_minute_hold_across_two_api_processes(
         assert reply.headers["x-should-retry"] == "true"
 
 
+@pytest.mark.slow  # its rule runs without a server in the fast tier: test_service.py
 def test_a_budget_stops_its_key_until_the_period_ends(tmp_path: Path) -> None:
     # Given workers that cost money, and a key with a budget smaller than one workflow
     url = f"sqlite:///{tmp_path / 'conductor.db'}"
@@ -131,6 +132,7 @@ def test_a_budget_stops_its_key_until_the_period_ends(tmp_path: Path) -> None:
     assert metrics[refusals] == 1
 
 
+@pytest.mark.slow  # its rule runs without a server in the fast tier: test_service.py
 def test_a_key_at_its_concurrency_limit_waits_for_a_workflow_to_end(api: Api) -> None:
     key = create_key(api.server.service.engine, "acme", limits=KeyLimits(max_concurrent=1))
     slow = {"question": "What is 6 * 7?", "pool": ["slow"]}
@@ -151,6 +153,7 @@ def test_a_key_at_its_concurrency_limit_waits_for_a_workflow_to_end(api: Api) ->
     assert after.status_code == 202
 
 
+@pytest.mark.slow  # its rule runs without a server in the fast tier: test_service.py
 def test_tokens_per_minute_count_the_workflows_that_ended(api: Api) -> None:
     # Given a key allowed 50 tokens a minute; a workflow here spends more (its Conductor 120)
     key = create_key(api.server.service.engine, "acme", limits=KeyLimits(tpm_limit=50))
@@ -167,6 +170,7 @@ def test_tokens_per_minute_count_the_workflows_that_ended(api: Api) -> None:
     assert 1 <= int(second.headers["Retry-After"]) <= 60
 
 
+@pytest.mark.slow  # its rule runs without a server in the fast tier: test_service.py
 def test_workers_called_directly_count_against_tokens_per_minute_and_the_budget(
     tmp_path: Path,
 ) -> None:
@@ -195,6 +199,7 @@ def test_workers_called_directly_count_against_tokens_per_minute_and_the_budget(
     assert tokens[1].json()["error"]["code"] == "tokens_limit_exceeded"
 
 
+@pytest.mark.slow  # its rule runs without a server in the fast tier: test_service.py
 def test_grpc_submissions_count_against_the_same_limits(api: Api) -> None:
     key = create_key(api.server.service.engine, "acme", limits=KeyLimits(rpm_limit=1))
     metadata = [("authorization", f"Bearer {key.secret}")]

@@ -5,6 +5,7 @@ per door (tests/api/test_api.py and others) run the real server over both runtim
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -16,6 +17,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine, func, select
 
+from conductor.chat import ChatMessage
 from conductor.errors import InvalidRequest, WorkerUnavailable
 from conductor.pool import Price
 from conductor.variants import BUILTIN_VARIANTS
@@ -30,6 +32,7 @@ from conductor_api.reads import WorkflowFilter
 from conductor_api.rules import CHAT_FIELDS, Caller
 from conductor_api.service import WorkflowService
 
+from fakes.grpc_context import Aborted, GrpcContext
 from fakes.memory_runtime import MemoryRuntime
 from fakes.scripted import ScriptedWorker, named_pool, scripted_gateway
 
@@ -376,51 +379,133 @@ async def test_completions_are_the_chat_path_written_as_text_completions(
     assert empty.json()["error"]["param"] == "prompt"
 
 
-class _Aborted(Exception):
-    pass
-
-
-class _Context:
-    """What the servicer uses of a gRPC context."""
-
-    def __init__(self, secret: str) -> None:
-        self.metadata = (("authorization", f"Bearer {secret}"),)
-        self.code: grpc.StatusCode | None = None
-        self.initial: tuple[tuple[str, str], ...] = ()
-        self.trailing: tuple[tuple[str, str], ...] = ()
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self.metadata
-
-    async def send_initial_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
-        self.initial = metadata
-
-    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
-        self.trailing = metadata
-
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
-        self.code = code
-        raise _Aborted(details)
-
-
 async def test_grpc_submit_admits_and_counts_as_http_does(
     service: WorkflowService, engine: Engine
 ) -> None:
     secret = create_key(engine, "acme", limits=KeyLimits(rpm_limit=1)).secret
     servicer = WorkflowsServicer(service)
-    bad = _Context(secret)
-    with pytest.raises(_Aborted):
+    bad = GrpcContext(secret)
+    with pytest.raises(Aborted):
         await servicer.Submit(workflows_pb2.SubmitRequest(question=QUESTION, max_steps=9), bad)
     assert bad.code == grpc.StatusCode.INVALID_ARGUMENT
-    first = _Context(secret)
+    first = GrpcContext(secret)
     reply = await servicer.Submit(workflows_pb2.SubmitRequest(question=QUESTION), first)
     assert uuid.UUID(reply.workflow_id)
     assert dict(first.initial)["x-ratelimit-remaining-requests"] == "0"
-    second = _Context(secret)
-    with pytest.raises(_Aborted, match="requests per minute"):
+    second = GrpcContext(secret)
+    with pytest.raises(Aborted, match="requests per minute"):
         await servicer.Submit(workflows_pb2.SubmitRequest(question=QUESTION), second)
     assert second.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "retry-after" in dict(second.trailing)
     assert _count(service, "conductor_workflows_submitted_total", variant="conductor-ultra") == 1
     refusals = "conductor_api_key_limit_refusals_total"
     assert _count(service, refusals, reason="rate_limit_exceeded") == 1
+
+
+# -- limits on tokens, spend and retries --------------------------------------------------------
+
+
+async def test_tokens_per_minute_count_the_workflows_that_ended(
+    service: WorkflowService, engine: Engine
+) -> None:
+    caller = _keyed(engine, KeyLimits(tpm_limit=50))
+    first = await service.start_workflow(caller, QUESTION)
+    assert first.limit_headers["x-ratelimit-remaining-tokens"] == "50"
+    _runtime(service).finish(first.workflow_id, answer="42", tokens=(100, 20))
+    with pytest.raises(ApiError) as refused:
+        await service.start_workflow(caller, QUESTION)
+    assert refused.value.code == "tokens_limit_exceeded"
+    assert refused.value.headers["x-ratelimit-remaining-tokens"] == "0"
+    assert 1 <= int(refused.value.headers["Retry-After"]) <= 60
+
+
+async def test_workers_called_directly_count_against_tokens_per_minute_and_the_budget(
+    service: WorkflowService, engine: Engine
+) -> None:
+    messages = [ChatMessage(role="user", content="one two three four")]
+    budgeted = _keyed(engine, KeyLimits(budget_usd=0.000001, budget_period="day"))
+    metered = _keyed(engine, KeyLimits(tpm_limit=4))
+    for caller, code in ((budgeted, "budget_exceeded"), (metered, "tokens_limit_exceeded")):
+        call, _ = await service.call_worker(caller, "alpha", messages)
+        await call()
+        with pytest.raises(ApiError) as refused:
+            await service.call_worker(caller, "alpha", messages)
+        assert refused.value.code == code
+
+
+async def test_concurrent_submissions_with_one_idempotency_key_make_one_workflow(
+    service: WorkflowService,
+) -> None:
+    caller = Caller(tenant="acme")
+    started = await asyncio.gather(
+        *(service.start_workflow(caller, QUESTION, idempotency_key="race") for _ in range(8))
+    )
+    assert len({s.workflow_id for s in started}) == 1
+    assert len(_runtime(service).submitted) == 1
+    assert sum(not s.replayed for s in started) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"conductor": {"pool": ["nope"]}}, "conductor.pool"),
+        ({"messages": [{"role": "user", "content": " "}]}, "messages"),
+        ({"model": "conductor-nope"}, "model"),
+        ({"conductor": {"max_steps": 9}}, "conductor.max_steps"),
+    ],
+    ids=["pool", "empty-question", "unknown-model", "max-steps"],
+)
+async def test_a_chat_refusal_names_the_field_at_fault(
+    service: WorkflowService, engine: Engine, body: dict[str, Any], param: str
+) -> None:
+    secret = create_key(engine, "acme", limits=KeyLimits(rpm_limit=1)).secret
+    async with _http(service) as http:
+        reply = await http.post(
+            "/v1/chat/completions",
+            json={**CHAT, **body},
+            headers={"Authorization": f"Bearer {secret}"},
+        )
+    assert reply.status_code in (400, 404), reply.text
+    assert reply.json()["error"]["param"] == param
+    assert "x-ratelimit-remaining-requests" not in reply.headers  # not counted
+    assert _runtime(service).submitted == []
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"max_steps": 9},
+        {"max_steps": 0},
+        {"max_steps": -3},
+        {"metadata": {f"label-{n}": "x" * 600 for n in range(40)}},
+        {"metadata": {"k": "x" * 600}},
+        {"cost_weight": -1.0},
+        {"pool": ["nope"]},
+    ],
+    ids=[
+        "max-steps-9",
+        "max-steps-0",
+        "max-steps-negative",
+        "40-labels",
+        "long-label",
+        "cost",
+        "pool",
+    ],
+)
+async def test_grpc_refuses_what_http_refuses(
+    service: WorkflowService, engine: Engine, fields: dict[str, Any]
+) -> None:
+    secret = create_key(engine, "acme").secret
+    context = GrpcContext(secret)
+    request = workflows_pb2.SubmitRequest(question=QUESTION, **fields)
+    with pytest.raises(Aborted):
+        await WorkflowsServicer(service).Submit(request, context)
+    assert context.code == grpc.StatusCode.INVALID_ARGUMENT
+    async with _http(service) as http:
+        reply = await http.post(
+            "/v1/workflows",
+            json={"question": QUESTION, **fields},
+            headers={"Authorization": f"Bearer {secret}"},
+        )
+    assert reply.status_code == 400, reply.text
+    assert _runtime(service).submitted == []

@@ -10,7 +10,6 @@ API's ``x-ratelimit-*`` headers).
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -31,7 +30,6 @@ from conductor_api.reads import (
     MAX_PAGE_SIZE,
     MAX_SEQUENCE,
     WorkflowFilter,
-    load_events,
 )
 from conductor_api.rules import Caller, check_filter
 from conductor_api.runtime import WorkflowElsewhere
@@ -132,9 +130,7 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
         caller = await self._caller(context)
         workflow_id = await _workflow_id(request.workflow_id, context)
         after = min(max(0, request.after_sequence), MAX_SEQUENCE)
-        engine = self.service.engine
-        found = await asyncio.to_thread(load_events, engine, workflow_id, caller.tenant, after, 0)
-        if found is None:
+        if not await self.service.exists(workflow_id, caller.tenant):
             await _abort(context, ApiError(404, f"workflow {workflow_id} not found"))
         async for event in self.service.follow(workflow_id, caller.tenant, after):
             outcome = None

@@ -23,7 +23,6 @@ from conductor_api.reads import (
     MAX_SEQUENCE,
     WorkflowFilter,
     as_utc,
-    load_events,
     store_feedback,
 )
 from conductor_api.runtime import WorkflowElsewhere
@@ -173,10 +172,7 @@ async def workflow_events(
                 400, "Last-Event-ID: expected an event sequence number", param="Last-Event-ID"
             )
         after = max(after, int(resume))
-    found = await asyncio.to_thread(
-        load_events, service.engine, workflow_id, caller.tenant, after, 0
-    )
-    if found is None:
+    if not await service.exists(workflow_id, caller.tenant):
         raise not_found(f"workflow {workflow_id}")
     stream = _event_stream(service, workflow_id, caller.tenant, after)
     return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import re
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -193,7 +194,20 @@ class WorkflowService:
         if idempotency_key is None:
             workflow_id = await self.runtime.submit(submission)
         else:
-            digest = hashlib.sha256(submission.model_dump_json().encode()).hexdigest()
+            asked = {
+                "question": question,
+                "variant": variant,
+                "pool": None if pool is None else list(pool),
+                "max_steps": max_steps,
+                "cost_weight": cost_weight,
+                "metadata": dict(metadata or {}),
+                "callback_url": callback_url,
+            }
+            if answer_format is not None:
+                asked["answer_format"] = answer_format.model_dump(mode="json")
+            # The request as asked (the job API's body, hashed as it always was), not as
+            # checked: a retry after the pool or a variant changed is still the same request.
+            digest = hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
             keyed = submission.model_copy(
                 update={"idempotency_key": idempotency_key, "request_hash": digest}
             )
