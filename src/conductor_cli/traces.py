@@ -168,7 +168,11 @@ def prune(
             result = _prune_with_progress(engine, policy, now, batch_size, counts, None)
         else:
             variants = load_variants(settings)
-            with target.open("x", encoding="utf-8") as f:
+            try:
+                f = target.open("x", encoding="utf-8")
+            except OSError as exc:
+                raise ConfigurationError(f"--export {target}: {exc.strerror}") from None
+            with f:
                 writer = _PrunedRows(f, variants)
                 try:
                     result = _prune_with_progress(engine, policy, now, batch_size, counts, writer)
@@ -232,6 +236,8 @@ def _prune_with_progress(
     writer: _PrunedRows | None,
 ) -> PruneResult:
     """The prune, with the progress bar (a line every 30 s where no terminal draws it)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     from conductor_adapters.store.retention import prune as prune_traces
     from conductor_cli.progress import progress_bar, stderr_console
 
@@ -252,15 +258,28 @@ def _prune_with_progress(
             last_line = time.monotonic()
             console.print(f"prune: {done:,}/{total:,} workflows deleted")
 
-    with progress:
-        return prune_traces(
-            engine,
-            policy,
-            now,
-            batch_size=batch_size,
-            before_delete=writer.write if writer is not None else None,
-            on_batch=on_batch,
+    try:
+        with progress:
+            return prune_traces(
+                engine,
+                policy,
+                now,
+                batch_size=batch_size,
+                before_delete=writer.write if writer is not None else None,
+                on_batch=on_batch,
+            )
+    except (OSError, SQLAlchemyError) as exc:
+        # A lock held past the batch's lock timeout, the database gone, the export's disk full:
+        # the batch in hand was rolled back; what the earlier ones deleted stays deleted.
+        lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        reason = lines[0] if lines else type(exc).__name__
+        written = f" (and is in {writer.f.name})" if writer is not None else ""
+        typer.echo(
+            f"conductor: error: the prune stopped after deleting {done:,} workflows: {reason}. "
+            f"What was deleted stays deleted{written}; run it again for the rest.",
+            err=True,
         )
+        raise typer.Exit(1) from None
 
 
 class _PrunedRows:

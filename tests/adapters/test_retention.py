@@ -488,3 +488,36 @@ def test_the_command_exits_2_with_the_reason(sqlite_url: str) -> None:
     done = run_conductor("traces", "prune", env={"CONDUCTOR_DATABASE_URL": sqlite_url})
     assert done.returncode == 2
     assert "conductor: error: no retention policy" in done.stderr
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_a_lock_held_past_the_timeout_stops_the_prune_with_the_reason(
+    postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch in hand is rolled back and cut off the export; earlier ones stay done (2 s)."""
+    engine = make_engine(postgres_url)
+    monkeypatch.setenv("CONDUCTOR_DATABASE_URL", postgres_url)
+    get_settings.cache_clear()
+    out = tmp_path / "pruned.jsonl"
+    try:
+        now = datetime.now(UTC)
+        first = add_workflow(engine, 50, now=now, steps=1)
+        blocked = add_workflow(engine, 40, now=now, steps=1)
+        with engine.connect() as holder, holder.begin():
+            holder.execute(
+                select(step_table.c.id).where(step_table.c.workflow_id == blocked).with_for_update()
+            )
+            done = run_conductor_here(
+                "traces", "prune", "--days", "30", "--batch-size", "1", "--export", str(out)
+            )
+        assert done.returncode == 1
+        assert "the prune stopped after deleting 1 workflows" in done.stderr
+        assert "lock timeout" in done.stderr
+        assert workflow_ids(engine) == {blocked}
+        assert [json.loads(line)["workflow_id"] for line in out.read_text().splitlines()] == [
+            str(first)
+        ]
+    finally:
+        engine.dispose()
+        get_settings.cache_clear()
