@@ -6,6 +6,8 @@ per door (tests/api/test_api.py and others) run the real server over both runtim
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -29,7 +31,8 @@ from conductor_api.app import create_app
 from conductor_api.errors import ApiError
 from conductor_api.grpc_service import WorkflowsServicer
 from conductor_api.reads import WorkflowFilter
-from conductor_api.rules import CHAT_FIELDS, Caller
+from conductor_api.rules import CHAT_FIELDS, Caller, request_hash
+from conductor_api.schemas import WorkflowSubmission
 from conductor_api.service import WorkflowService
 
 from fakes.grpc_context import Aborted, GrpcContext
@@ -509,3 +512,11 @@ async def test_grpc_refuses_what_http_refuses(
         )
     assert reply.status_code == 400, reply.text
     assert _runtime(service).submitted == []
+
+
+def test_an_idempotency_keys_hash_is_the_job_bodys_as_it_was_stored_before() -> None:
+    # Keys stored before the service hashed the request keep replaying: the same digest
+    body = WorkflowSubmission(question=QUESTION, pool=["alpha"], metadata={"ticket": "7"})
+    stored = json.dumps(body.model_dump(mode="json"), sort_keys=True).encode()
+    asked = request_hash(QUESTION, None, ["alpha"], None, None, {"ticket": "7"}, None, None)
+    assert asked == hashlib.sha256(stored).hexdigest()

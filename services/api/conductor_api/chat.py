@@ -29,7 +29,7 @@ from conductor_api.answers import completed_workflow, disconnected, workflow_pro
 from conductor_api.auth import CallerDep, ServiceDep
 from conductor_api.chat_request import ChatCompletionRequest
 from conductor_api.direct_calls import DirectCall
-from conductor_api.errors import ApiError, error_body
+from conductor_api.errors import ApiError, error_body, unknown_model
 from conductor_api.images import check_images
 from conductor_api.openai_shared import (
     answer_format_of,
@@ -41,7 +41,6 @@ from conductor_api.openai_shared import (
     passthrough_field,
     render_question,
     sampling_of,
-    unknown_model,
     worker_messages,
     workflow_failed,
 )

@@ -71,6 +71,16 @@ def unsupported(param: str, reason: str) -> ApiError:
     return ApiError(400, f"{param}: {reason}", code="unsupported_parameter", param=param)
 
 
+def unknown_model(model: str) -> ApiError:
+    return ApiError(
+        404,
+        f"The model {model!r} does not exist or you do not have access to it "
+        "(GET /v1/models lists yours).",
+        code="model_not_found",
+        param="model",
+    )
+
+
 def not_found(what: str) -> ApiError:
     return ApiError(404, f"{what} not found", code="not_found")
 

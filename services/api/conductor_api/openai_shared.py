@@ -12,11 +12,11 @@ from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage, Sampling, ToolUse, Usage
 from conductor.ports import StepCallResult
 from conductor_adapters.store.redact import without_addresses
-from conductor_api.errors import ApiError
+from conductor_api.errors import ApiError, unknown_model
 from conductor_api.images import message_images
 from conductor_api.rules import Caller
 from conductor_api.schemas import ChatMessageIn, ConductorOptions, UsageView, WorkflowView
-from conductor_api.service import WorkflowService, unknown_model
+from conductor_api.service import WorkflowService
 from conductor_api.tools import (
     chat_tool_calls,
     describe_calls,
@@ -24,8 +24,6 @@ from conductor_api.tools import (
     refuse_for_workflow,
     takes_tools,
 )
-
-__all__ = ["unknown_model"]
 
 
 def render_question(messages: list[ChatMessageIn]) -> str:

@@ -43,7 +43,7 @@ from conductor_api.admission import keep_limit_headers
 from conductor_api.answers import completed_workflow, disconnected, workflow_progress
 from conductor_api.auth import CallerDep, ServiceDep
 from conductor_api.direct_calls import DirectCall
-from conductor_api.errors import ApiError, invalid, not_found, unsupported
+from conductor_api.errors import ApiError, invalid, not_found, unknown_model, unsupported
 from conductor_api.images import check_images
 from conductor_api.openai_shared import (
     check_passthrough,
@@ -51,7 +51,6 @@ from conductor_api.openai_shared import (
     finish_reason,
     passthrough_field,
     sampling_of,
-    unknown_model,
     worker_messages,
     workflow_failed,
 )

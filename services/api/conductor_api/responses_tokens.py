@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from conductor.chat import ToolUse
 from conductor_api.auth import CallerDep, ServiceDep
-from conductor_api.openai_shared import check_passthrough, unknown_model
+from conductor_api.errors import unknown_model
+from conductor_api.openai_shared import check_passthrough
 from conductor_api.request_policy import RESPONSES, refuse_unsupported
 from conductor_api.responses_request import (
     check_reasoning,

@@ -4,6 +4,8 @@ its key's). Errors name the field at fault as the door calls it (``SubmitFields`
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -72,6 +74,33 @@ def check_labels(labels: Mapping[str, str], field: str) -> None:
             check_text(f"the label {key!r}", key + value)
         except InvalidRequest as exc:
             raise InvalidRequest(f"{field}: {exc}", param=field) from None
+
+
+def request_hash(
+    question: str,
+    variant: str | None,
+    pool: Sequence[str] | None,
+    max_steps: int | None,
+    cost_weight: float | None,
+    metadata: Mapping[str, str] | None,
+    callback_url: str | None,
+    answer_format: AnswerFormat | None,
+) -> str:
+    """The SHA-256 an Idempotency-Key is kept with: of the request as asked (the job API's
+    body, hashed as it always was), not as checked, so a retry after the pool or a variant
+    changed is still the same request."""
+    asked: dict[str, object] = {
+        "question": question,
+        "variant": variant,
+        "pool": None if pool is None else list(pool),
+        "max_steps": max_steps,
+        "cost_weight": cost_weight,
+        "metadata": dict(metadata or {}),
+        "callback_url": callback_url,
+    }
+    if answer_format is not None:
+        asked["answer_format"] = answer_format.model_dump(mode="json")
+    return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
 
 
 def check_filter(labels: Mapping[str, str], variant: str) -> None:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import re
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -30,7 +28,7 @@ from conductor_adapters.store.keys import CachedKeys
 from conductor_adapters.store.runs import SubmitRequest
 from conductor_adapters.webhooks import check_url
 from conductor_api.direct_calls import DirectCall
-from conductor_api.errors import ApiError
+from conductor_api.errors import ApiError, unknown_model
 from conductor_api.key_limits import KeyLimiter
 from conductor_api.metrics import ApiMetrics
 from conductor_api.reads import (
@@ -44,7 +42,7 @@ from conductor_api.reads import (
     outcome_stored,
     workflow_status,
 )
-from conductor_api.rules import JOB_FIELDS, Caller, Rules, SubmitFields
+from conductor_api.rules import JOB_FIELDS, Caller, Rules, SubmitFields, request_hash
 from conductor_api.runtime import WorkflowRuntime
 from conductor_api.schemas import EventView, WorkflowSummary, WorkflowView
 
@@ -194,20 +192,16 @@ class WorkflowService:
         if idempotency_key is None:
             workflow_id = await self.runtime.submit(submission)
         else:
-            asked = {
-                "question": question,
-                "variant": variant,
-                "pool": None if pool is None else list(pool),
-                "max_steps": max_steps,
-                "cost_weight": cost_weight,
-                "metadata": dict(metadata or {}),
-                "callback_url": callback_url,
-            }
-            if answer_format is not None:
-                asked["answer_format"] = answer_format.model_dump(mode="json")
-            # The request as asked (the job API's body, hashed as it always was), not as
-            # checked: a retry after the pool or a variant changed is still the same request.
-            digest = hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
+            digest = request_hash(
+                question,
+                variant,
+                pool,
+                max_steps,
+                cost_weight,
+                metadata,
+                callback_url,
+                answer_format,
+            )
             keyed = submission.model_copy(
                 update={"idempotency_key": idempotency_key, "request_hash": digest}
             )
@@ -385,13 +379,3 @@ class WorkflowService:
 
     def allowed_workers(self, caller: Caller) -> list[str]:
         return self.rules.allowed_workers(caller)
-
-
-def unknown_model(model: str) -> ApiError:
-    return ApiError(
-        404,
-        f"The model {model!r} does not exist or you do not have access to it "
-        "(GET /v1/models lists yours).",
-        code="model_not_found",
-        param="model",
-    )
