@@ -296,7 +296,7 @@ class _PrunedRows:
         from sqlmodel import Session, col, select
 
         from conductor_adapters.store.models import WorkflowRow
-        from conductor_trainer.export import _steps_of, training_row
+        from conductor_trainer.export import executed_steps, training_row
 
         with Session(bind=conn) as session:
             rows = session.exec(
@@ -304,7 +304,7 @@ class _PrunedRows:
                 .where(col(WorkflowRow.id).in_(ids))
                 .order_by(col(WorkflowRow.created_at), col(WorkflowRow.id))
             ).all()
-            steps = _steps_of(session, ids)
+            steps = executed_steps(session, ids)
             for row in rows:
                 ran = steps.get(row.id, [])
                 exported = training_row(row, self.variants, ran) or _unplanned_row(row, ran)

@@ -51,14 +51,16 @@ def export_rows(
     query = query.order_by(col(WorkflowRow.created_at), col(WorkflowRow.id)).limit(limit)
     with Session(engine) as session:
         for batch in session.exec(query.execution_options(yield_per=BATCH)).partitions(BATCH):
-            steps = _steps_of(session, [row.id for row in batch])
+            steps = executed_steps(session, [row.id for row in batch])
             for row in batch:
                 exported = training_row(row, variants, steps.get(row.id, []))
                 if exported is not None:
                     yield exported
 
 
-def _steps_of(session: Session, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, list[dict[str, Any]]]:
+def executed_steps(
+    session: Session, ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, list[dict[str, Any]]]:
     """The executed steps of these workflows, in order, each with the worker that answered it
     (the step's own or one of its fallbacks; None when no call succeeded): two queries a batch."""
     rows = session.exec(
