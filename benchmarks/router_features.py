@@ -6,7 +6,13 @@ cross-validation on an outcome table's training split.
     python benchmarks/router_features.py --table routerbench.jsonl --cache DIR embed-smollm2
     python benchmarks/router_features.py --table routerbench.jsonl --cache DIR tune-minilm
     python benchmarks/router_features.py --table routerbench.jsonl --cache DIR compare
-        [--sets wordllama,smollm2-mean-last,...] [--test SET]
+        [--sets wordllama,smollm2-mean-last,...] [--fold-seed 1]
+    python benchmarks/router_features.py --table routerbench.jsonl --cache DIR embed-smollm2-layers
+    python benchmarks/router_features.py --table routerbench.jsonl --cache DIR calibrate
+        --sets smollm2-L15,wordllama [--fold-seed 1]
+    python benchmarks/router_features.py --table routerbench.jsonl --cache DIR time-smollm2
+        [--run-layers 9] [--max-tokens 128] [--threads 2] [--count 200]
+    python benchmarks/router_features.py --table routerbench.jsonl --cache DIR test --test-set SET
 
 The table is loaded as ``conductor router train --table`` loads it (``table_routing_data``):
 the same workers, right-shares, costs, domains and held-out split. Every figure is scored by
@@ -36,8 +42,21 @@ What each step does:
 - ``compare``: per feature set, the mean fold area of the logistic and the mlp heads, and the
   5-fold ridge R² (per domain, training items) of the per-question share of workers right on
   the features alone: how much of the within-benchmark difficulty they carry.
-- ``test --test-set SET``: the test split's figures, for a set that won in cross-validation
-  (none has; see below).
+- ``embed-smollm2-layers``: one SmolLM2 pass keeping the token-mean of every hidden state (0:
+  the token embeddings, n: layer n's output, 30: after the final norm) of each question's last
+  paragraph (``smollm2-layers.npy``), and of its last 128 tokens (``smollm2-layers-short.npy``;
+  100 of RouterBench's 3,164 questions are longer: p50 56 tokens, max 217). Sets
+  ``smollm2-L{n}`` and ``smollm2-short-L{n}`` (standardised as above); ``smollm2-L15`` and
+  ``smollm2-L30`` are ``smollm2-mean-mid`` and ``smollm2-mean-last`` (same CV figures).
+- ``calibrate``: per fold, the logistic heads (at the C the router chose for the set), the mlp
+  head and the mean of the two heads' chances, each as is and calibrated per worker before the
+  cost-weighted choice: ``platt`` (logistic regression on the logit), ``platt-domain`` (the
+  logit and the domain chances) or ``isotonic``, each calibrator fitted on out-of-fold chances
+  of the fold's training part (5 inner folds; the scored fold is never seen).
+- ``time-smollm2``: milliseconds per question of the SmolLM2 features as serving would compute
+  them, one question at a time (tokenise, the first ``--run-layers`` layers, the token-mean).
+- ``test --test-set SET``: the test split's figures, for a set that won in cross-validation,
+  beside the shipped WordLlama router, with ``knn`` and ``cluster`` on each set's features.
 
 Results on RouterBench's 2,212 training questions (the router's 5 folds; Δ: mean per-fold
 difference from WordLlama ± its standard error in units of 0.0001; own: the tuned network's
@@ -73,6 +92,55 @@ questions) and at or below 0 on Winogrande: none of these features says much abo
 questions the models get right. Times (one thread, two cores shared with other jobs): SmolLM2
 1,146 s for the 3,164 questions (0.36 s each); MiniLM's lower layers 137 s, tuning 52 minutes
 for the five folds (4 epochs of 1,770 questions each); each comparison 30-170 s.
+
+Second round (issue 33; same folds and scoring; two cores shared with other jobs, load 5-11).
+Calibration and the heads' mean (``calibrate``; mean fold area; Δ: mean per-fold difference
+from the same set's uncalibrated logistic heads ± its standard error, units of 0.0001):
+
+| set, fold seed | logistic | +platt | +platt-dom | +isotonic | mlp | +platt | mean | +platt |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| smollm2-L15, 0 (C .3) | .8338 | .8328 | .8329 | .8262 | .8290 | .8295 | .8320 | .8319 |
+| smollm2-L15, 1 (C .1) | .8318 | .8318 | .8290 | .8269 | .8291 | .8293 | .8302 | .8303 |
+| wordllama, 0 (C .03) | .8231 | .8229 | .8224 | .8206 | .8242 | .8236 | .8236 | .8235 |
+| wordllama, 1 (C .1) | .8241 | .8249 | .8225 | .8198 | .8245 | .8235 | .8243 | .8242 |
+
+Logistic + Platt's Δ: -10±4, -0±12, -2±8, +8±13, in the table's row order; mlp +
+platt-domain / isotonic, mean + platt-domain / isotonic: 0.8290 / 0.8228, 0.8316 / 0.8215;
+0.8279 / 0.8248, 0.8288 / 0.8236; 0.8215 / 0.8219, 0.8226 / 0.8207; 0.8225 / 0.8194, 0.8223 /
+0.8203. No calibration helps: Platt moves each head's area by at most 0.001 either way,
+per-domain Platt loses up to 0.003 and isotonic steps 0.002-0.011; the two heads' mean lands
+between the two heads. (Here WordLlama's logistic figure is the shipped file's, 0.8231 at
+C = 0.03.)
+
+SmolLM2 layers (``compare``, fold seed 0; logistic C as the router chose it / mlp):
+
+layer 0: 0.8275 / 0.8282; 3: 0.8309 / 0.8293; 6: 0.8267 / 0.8278; 8: 0.8352 / 0.8290;
+**9: 0.8356** / 0.8300; 10: 0.8308 / 0.8298; 11: 0.8356 / 0.8299; 12: 0.8334 / 0.8268;
+15: 0.8338 / 0.8290; 18: 0.8315 / 0.8291; 21: 0.8335 / 0.8293; 24: 0.8319 / 0.8290;
+27: 0.8335 / 0.8297; 30: 0.8273 / 0.8295.
+
+(Layers 1, 2, 4, 5, 7, 13, 14, 16, 17, 19, 20, 22, 23, 25, 26, 28 and 29 are in the file but were
+not scored for lack of time.) From layer 8 on, the logistic area stays within 0.8308-0.8356 and
+its ups and downs follow the C the router picks (0.3 near the top, 0.1 or 0.03 below). On fold
+seed 1: layer 9 0.8350 / 0.8282, 12 0.8335 / 0.8279, 15 0.8318 / 0.8291. Layer 9 against 15,
+logistic, per-fold difference: +0.0019±0.0011 (seed 0), +0.0032±0.0015 (seed 1). The question
+cut to its last 128 tokens (``smollm2-short-L9``): 0.8348 / 0.8302 (seed 0), 0.8351 / 0.8283
+(seed 1); ``smollm2-short-L15`` 0.8344 / 0.8290 (seed 0): the cut loses nothing.
+
+Time per question (``time-smollm2``, 2 cores shared with other jobs at load 5-6, the process
+at nice 19, so upper bounds): all 30 layers, whole paragraph, 2 threads: p50 605 ms (p95 2,351);
+15 layers, 128 tokens, 2 threads: p50 311 ms; 9 layers, 128 tokens: 2 threads p50 289 ms (p95
+2,431), 1 thread p50 56 ms (p95 107); 3 layers, 128 tokens, 2 threads: p50 66 ms. None is
+under 25 ms here (WordLlama: 0.1 ms).
+
+The test split, read once, for the cross-validation's best (layer 9, whole paragraph; the head
+as ``--head auto`` chose it, logistic): area 0.8355 (0.816-0.853); the shipped WordLlama
+router 0.8334 (paired difference -0.004 to +0.010); ahead of ``knn`` and ``cluster`` on the
+same features (0.7926, +0.030 to +0.059; 0.8250, +0.002 to +0.022) and of WordLlama's ``knn``
+(0.8024, +0.020 to +0.048), level with WordLlama's ``cluster`` (0.8282, -0.002 to +0.017);
+88.1% at 88% of gpt-4's cost, 86.4% at 52%, 83.4% at 21%: not gpt-4's 88.0% at 60% nor 85% at
+25%. Layer 15 had read 0.842 on the test split: the cross-validated gain of layer 9 over it
+(0.002-0.003, the best of 14 layers) did not carry over.
 """
 
 from __future__ import annotations
@@ -93,7 +161,7 @@ import numpy.typing as npt
 
 from conductor_router import heads as router_heads
 from conductor_router.embedding import QuestionEmbedder
-from conductor_router.fitting import _router_inputs, embed_questions, fit_routers
+from conductor_router.fitting import DOMAIN_WEIGHT, _router_inputs, embed_questions, fit_routers
 from conductor_router.heads import (
     HeadInputs,
     _choose_head_c,
@@ -180,6 +248,125 @@ def embed_smollm2(data: RoutingData, cache: Path) -> None:
         np.save(cache / f"{name}.npy", values)
     np.save(cache / "smollm2-ids.npy", np.array([item.id for item in data.items]))
     say(f"smollm2: {len(texts)} questions in {time.monotonic() - started:.0f} s")
+
+
+SMOLLM2_LAYERS = 30  # hidden states 0 (the token embeddings) to 30 (after the final norm)
+SMOLLM2_SHORT_TOKENS = 128  # the cheap extraction reads at most the question's last 128 tokens
+
+
+def _smollm2(run_layers: int | None = None) -> tuple[Any, Any]:
+    """SmolLM2-135M-Instruct's tokenizer and base model (float32, from the GGUF file), with only
+    its first ``run_layers`` transformer layers when given (a causal model's layer K output does
+    not depend on the layers above it)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = distribution_dir(SMOLLM2_DISTRIBUTION, ".gguf")
+    gguf = next(p.name for p in folder.iterdir() if p.name.endswith(".gguf"))
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf, dtype=torch.float32)
+    model.eval()  # type: ignore[no-untyped-call]
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    tokenizer.truncation_side = "left"  # keep the question's end
+    base = model.model
+    if run_layers is not None:
+        base.layers = base.layers[:run_layers]
+        base.config.num_hidden_layers = run_layers
+        if run_layers < SMOLLM2_LAYERS:  # layer K's output as the full model has it: no norm
+            base.norm = torch.nn.Identity()
+    return tokenizer, base
+
+
+def _layer_means(
+    tokenizer: Any, base: Any, texts: list[str], max_tokens: int | None, label: str
+) -> npt.NDArray[np.float32]:
+    """(texts, layers + 1, width): the token-mean of every hidden state of each text (the
+    last ``max_tokens`` tokens when given), in batches of like length."""
+    import torch
+
+    cut = {"truncation": True, "max_length": max_tokens} if max_tokens else {}
+    lengths = [len(tokenizer(t, **cut)["input_ids"]) for t in texts]
+    order = np.argsort(lengths)
+    layers = len(base.layers) + 1
+    out = np.zeros((len(texts), layers, base.config.hidden_size), dtype=np.float32)
+    started = time.monotonic()
+    with torch.inference_mode():
+        for start in range(0, len(texts), SMOLLM2_BATCH):
+            rows = order[start : start + SMOLLM2_BATCH]
+            batch = tokenizer([texts[i] for i in rows], return_tensors="pt", padding=True, **cut)
+            states = base(**batch, output_hidden_states=True).hidden_states
+            mask = batch["attention_mask"].unsqueeze(-1).float()
+            for layer in range(layers):
+                pooled = (states[layer] * mask).sum(dim=1) / mask.sum(dim=1)
+                out[rows, layer] = pooled.numpy()
+            if start % (SMOLLM2_BATCH * 50) == 0:
+                done = start + len(rows)
+                rate = (time.monotonic() - started) / done
+                say(f"{label}: {done}/{len(texts)}, {rate:.3f} s a question")
+    say(f"{label}: {len(texts)} questions in {time.monotonic() - started:.0f} s")
+    return out
+
+
+def embed_smollm2_layers(data: RoutingData, cache: Path) -> None:
+    """One pass of SmolLM2 over every question's last paragraph keeping the token-mean of every
+    hidden state (``smollm2-layers.npy``: questions, 31, 576), and the same for the question cut
+    to its last SMOLLM2_SHORT_TOKENS tokens (``smollm2-layers-short.npy``; only the longer
+    questions are run again)."""
+    import torch
+
+    torch.set_num_threads(1)
+    tokenizer, base = _smollm2()
+    texts = [last_paragraph(item.question) for item in data.items]
+    lengths = np.array([len(tokenizer(t)["input_ids"]) for t in texts])
+    over = int((lengths > SMOLLM2_SHORT_TOKENS).sum())
+    say(
+        f"smollm2 tokens a question: p50 {np.median(lengths):.0f}, p90 "
+        f"{np.percentile(lengths, 90):.0f}, max {lengths.max()}; {over} of {len(lengths)} "
+        f"over {SMOLLM2_SHORT_TOKENS}"
+    )
+    np.save(cache / "smollm2-ids.npy", np.array([item.id for item in data.items]))
+    full = _layer_means(tokenizer, base, texts, None, "smollm2 layers")
+    np.save(cache / "smollm2-layers.npy", full)
+    long = np.flatnonzero(lengths > SMOLLM2_SHORT_TOKENS)
+    short = full.copy()
+    if len(long):
+        short[long] = _layer_means(
+            tokenizer, base, [texts[i] for i in long], SMOLLM2_SHORT_TOKENS, "smollm2 short"
+        )
+    np.save(cache / "smollm2-layers-short.npy", short)
+
+
+def time_smollm2(
+    data: RoutingData, run_layers: int | None, max_tokens: int | None, threads: int, count: int
+) -> None:
+    """Seconds per question of the SmolLM2 features as serving would compute them: one
+    question at a time (tokenise, the first ``run_layers`` layers, the token-mean), on
+    ``count`` training questions drawn at random, after 5 warm-up questions; p50 and p95."""
+    import torch
+
+    torch.set_num_threads(threads)
+    tokenizer, base = _smollm2(run_layers)
+    cut = {"truncation": True, "max_length": max_tokens} if max_tokens else {}
+    train = np.flatnonzero(~data.held_out)
+    rows = np.random.default_rng(0).choice(train, size=min(count + 5, len(train)), replace=False)
+    texts = [last_paragraph(data.items[i].question) for i in rows]
+    seconds = []
+    with torch.inference_mode():
+        for text in texts:
+            started = time.perf_counter()
+            batch = tokenizer([text], return_tensors="pt", **cut)
+            state = base(**batch).last_hidden_state
+            state.mean(dim=1).numpy()
+            seconds.append(time.perf_counter() - started)
+    timed = np.array(seconds[5:]) * 1000
+    layers = run_layers or SMOLLM2_LAYERS
+    print(
+        f"smollm2, {layers} layers, {max_tokens or 'all'} tokens, {threads} threads: "
+        f"p50 {np.median(timed):.1f} ms, p95 {np.percentile(timed, 95):.1f} ms, "
+        f"mean {timed.mean():.1f} ms over {len(timed)} questions"
+    )
 
 
 # --- MiniLM, its top layers tuned ----------------------------------------------------------
@@ -580,6 +767,8 @@ def fixed_set(name: str, setting: Setting, cache: Path) -> npt.NDArray[np.float3
         return cached(cache, name, setting.data)
     if name in SMOLLM2_SETS:
         return standardised(cached(cache, name, setting.data), train)
+    if _layer_set(name):
+        return standardised(smollm2_layer(cache, name, setting.data), train)
     if name == "wordllama+smollm2-pca256":
         both = np.hstack(
             [standardised(cached(cache, n, setting.data), train) for n in SMOLLM2_SETS[:2]]
@@ -597,10 +786,32 @@ def tuned_set(name: str, setting: Setting, cache: Path, run: str) -> npt.NDArray
     return tuned
 
 
+def _layer_set(name: str) -> bool:
+    """``smollm2-L{n}`` (the token-mean of hidden state n of 0..30 of the whole last
+    paragraph) or ``smollm2-short-L{n}`` (of its last SMOLLM2_SHORT_TOKENS tokens)."""
+    prefix, _, layer = name.rpartition("-L")
+    return prefix in ("smollm2", "smollm2-short") and layer.isdigit()
+
+
+def smollm2_layer(cache: Path, name: str, data: RoutingData) -> npt.NDArray[np.float32]:
+    """A layer set's raw vectors, from ``embed-smollm2-layers``'s files."""
+    prefix, _, layer = name.rpartition("-L")
+    ids = np.load(cache / "smollm2-ids.npy")
+    if list(ids) != [item.id for item in data.items]:
+        raise SystemExit(f"{cache}: {name} was computed for other questions; delete it")
+    file = "smollm2-layers.npy" if prefix == "smollm2" else "smollm2-layers-short.npy"
+    return np.array(np.load(cache / file, mmap_mode="r")[:, int(layer)], dtype=np.float32)
+
+
+def _fixed(name: str) -> bool:
+    """Whether ``name`` is a set of features that do not depend on the fold."""
+    return all(part in FIXED_SETS or _layer_set(part) for part in name.split("+"))
+
+
 def evaluate(name: str, setting: Setting, cache: Path) -> dict[str, Any]:
     """A feature set's cross-validated areas and ridge R² (timed)."""
     started = time.monotonic()
-    if name in FIXED_SETS:
+    if _fixed(name):
         features = fixed_set(name, setting, cache)
         dim = features.shape[1]
         result: dict[str, Any] = per_fold_cv(setting, lambda k: features)
@@ -661,6 +872,161 @@ def compare(setting: Setting, cache: Path, names: Sequence[str], fresh: bool) ->
     )
 
 
+# --- calibration and the two heads' mean ----------------------------------------------------
+
+CALIBRATIONS = ("none", "platt", "platt-domain", "isotonic")
+CAL_HEADS = ("logistic", "mlp", "mean")
+INNER_FOLDS = 5
+PLATT_C = 100.0  # next to no penalty: two or five numbers per worker, thousands of items
+
+
+def _logistic_chances(
+    inputs: HeadInputs, right: Array, fit_on: npt.NDArray[np.bool_], rows: Any, head_c: float
+) -> Array:
+    """(rows, workers): the logistic heads fitted on ``fit_on`` at ``head_c``, on ``rows``."""
+    p = np.empty((len(rows), right.shape[1]))
+    for j in range(right.shape[1]):
+        coef, intercept = router_heads._fit_worker_logistic(
+            inputs.values, right[:, j], fit_on, head_c
+        )
+        p[:, j] = 1.0 / (1.0 + np.exp(-(inputs.values[rows] @ np.array(coef) + intercept)))
+    return p
+
+
+def _head_chances(
+    inputs: HeadInputs,
+    right: Array,
+    fit_on: npt.NDArray[np.bool_],
+    rows: Any,
+    head_c: float,
+    fitter: TorchMlpFitter,
+) -> dict[str, Array]:
+    """Each head's chances on ``rows``, fitted on ``fit_on``: logistic, mlp and their mean."""
+    logistic = _logistic_chances(inputs, right, fit_on, rows, head_c)
+    mlp = mlp_chances(fitter(inputs.values[fit_on], right[fit_on]), inputs.values[rows])
+    return {"logistic": logistic, "mlp": mlp, "mean": (logistic + mlp) / 2}
+
+
+def _logit(p: Array) -> Array:
+    q = np.clip(p, 1e-4, 1 - 1e-4)
+    return np.asarray(np.log(q / (1 - q)))
+
+
+def calibrated(
+    kind: str, fit_p: Array, fit_right: Array, fit_domains: Array, p: Array, domains: Array
+) -> Array:
+    """``p`` (items, workers) mapped per worker by a calibrator fitted on out-of-fold chances
+    ``fit_p`` against the recorded right-shares ``fit_right`` (NaN: not recorded): ``platt``
+    (a logistic regression on the logit), ``platt-domain`` (the logit and the domain chances:
+    a shift per domain), ``isotonic`` (monotone steps)."""
+    from sklearn.isotonic import IsotonicRegression  # type: ignore[import-untyped]
+    from sklearn.linear_model import LogisticRegression
+
+    if kind == "none":
+        return p
+    out = np.empty_like(p)
+    for j in range(p.shape[1]):
+        known = ~np.isnan(fit_right[:, j])
+        share = fit_right[known, j]
+        if kind == "isotonic":
+            iso = IsotonicRegression(y_min=1e-3, y_max=1 - 1e-3, out_of_bounds="clip")
+            out[:, j] = iso.fit(fit_p[known, j], share).predict(p[:, j])
+            continue
+        x_fit, x = _logit(fit_p[known, j])[:, None], _logit(p[:, j])[:, None]
+        if kind == "platt-domain":
+            x_fit = np.hstack([x_fit, fit_domains[known]])
+            x = np.hstack([x, domains])
+        if share.min() == share.max():
+            out[:, j] = p[:, j]
+            continue
+        fitted = LogisticRegression(C=PLATT_C, max_iter=2000).fit(
+            np.concatenate([x_fit, x_fit]),
+            np.concatenate([np.ones(len(share)), np.zeros(len(share))]),
+            sample_weight=np.concatenate([share, 1 - share]),
+        )
+        out[:, j] = fitted.predict_proba(x)[:, 1]
+    return out
+
+
+def calibration_cv(setting: Setting, cache: Path, name: str, head_c: float) -> dict[str, Any]:
+    """Per fold of the router's cross-validation: the logistic heads (at ``head_c``, the value
+    the router chose for this set), the mlp head and the mean of their chances, fitted on the
+    fold's training part, each uncalibrated and calibrated per worker by a calibrator fitted on
+    out-of-fold chances of the fold's training part (INNER_FOLDS inner folds: the fold itself
+    is never seen), scored on the fold as the router scores a head."""
+    import torch
+
+    torch.set_num_threads(1)
+    features = fixed_set(name, setting, cache)
+    inputs = setting.inputs(features)
+    domains = len(inputs.domains.names) if inputs.domains is not None else 0
+    chances_d = inputs.values[:, :domains] / DOMAIN_WEIGHT if domains else None
+    fitter = TorchMlpFitter()
+    scores: dict[str, list[float]] = {f"{h}/{c}": [] for h in CAL_HEADS for c in CALIBRATIONS}
+    started = time.monotonic()
+    for k, fold in enumerate(setting.folds):
+        fit_on = setting.train.copy()
+        fit_on[fold] = False
+        outer = _head_chances(inputs, setting.right, fit_on, fold, head_c, fitter)
+        members = np.flatnonzero(fit_on)
+        rng = np.random.default_rng(100 + k)
+        oof = {h: np.empty((len(members), setting.right.shape[1])) for h in CAL_HEADS}
+        for inner in np.array_split(rng.permutation(len(members)), INNER_FOLDS):
+            inner_fit = fit_on.copy()
+            inner_fit[members[inner]] = False
+            got = _head_chances(inputs, setting.right, inner_fit, members[inner], head_c, fitter)
+            for h in CAL_HEADS:
+                oof[h][inner] = got[h]
+        empty = np.zeros((len(setting.right), 0))
+        dom = chances_d if chances_d is not None else empty
+        for h in CAL_HEADS:
+            for c in CALIBRATIONS:
+                p = calibrated(c, oof[h], setting.right[members], dom[members], outer[h], dom[fold])
+                scores[f"{h}/{c}"].append(score(setting, p, fold, inputs))
+        say(f"{name} fold {k}: done ({time.monotonic() - started:.0f} s)")
+    return {
+        "set": name,
+        "fold_seed": setting.fold_seed,
+        "head_c": head_c,
+        "mean": {key: float(np.mean(v)) for key, v in scores.items()},
+        "folds": scores,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def calibrate(setting: Setting, cache: Path, names: Sequence[str], fresh: bool) -> None:
+    """``calibration_cv`` of each set (the logistic heads' C from its ``compare`` result, run
+    first where missing), printed as one table, with each score's mean per-fold difference from
+    the uncalibrated logistic heads of the first set."""
+    seed = f"-seed{setting.fold_seed}" if setting.fold_seed else ""
+    results = {}
+    for name in names:
+        base_path = cache / f"results-{name}{seed}.json"
+        if not base_path.exists():
+            say(f"{name}: cross-validating")
+            base_path.write_text(json.dumps(evaluate(name, setting, cache), indent=1))
+        head_c = json.loads(base_path.read_text())["head_c"]
+        path = cache / f"calibration-{name}{seed}.json"
+        if fresh or not path.exists():
+            say(f"{name}: calibrating (C = {head_c:g})")
+            path.write_text(json.dumps(calibration_cv(setting, cache, name, head_c), indent=1))
+        results[name] = json.loads(path.read_text())
+    first = next(iter(results.values()))
+    base = np.array(first["folds"]["logistic/none"])
+    print(
+        f"{len(setting.folds)}-fold CV (fold seed {setting.fold_seed}), {setting.measure}; "
+        f"Δ: mean per-fold difference from {first['set']}'s uncalibrated logistic heads"
+    )
+    print(" | ".join(["features", "C", *[f"{h}/{c}" for h in CAL_HEADS for c in CALIBRATIONS]]))
+    for name, r in results.items():
+        cells = []
+        for key in (f"{h}/{c}" for h in CAL_HEADS for c in CALIBRATIONS):
+            diff = np.array(r["folds"][key]) - base
+            error = diff.std(ddof=1) / math.sqrt(len(diff))
+            cells.append(f"{r['mean'][key]:.4f} ({diff.mean():+.4f}±{error:.4f})")
+        print(" | ".join([name, f"{r['head_c']:g}", *cells]))
+
+
 def _delta(result: dict[str, Any], base: dict[str, Any] | None, head: str) -> str:
     """The mean per-fold difference of a head's area from WordLlama's, ± its standard error."""
     if base is None:
@@ -691,8 +1057,9 @@ def held_out_figures(
     """The test split's figures (``held_out_report``, as ``conductor router train`` reports
     them) of the router fitted on every training item with feature set ``name`` (a tuned set:
     the encoder tuned on every training item, and its own head too), beside the shipped
-    WordLlama router and its ``cluster`` baseline. ``held``: other held-out items than the
-    test split (those of a fold, to try this code without looking at the test split)."""
+    WordLlama router, and the ``knn`` and ``cluster`` baselines on each. ``held``: other
+    held-out items than the test split (those of a fold, to try this code without looking at
+    the test split)."""
     train = setting.train
     if held is None:
         held = setting.data.held_out
@@ -721,7 +1088,7 @@ def held_out_figures(
             head="auto",
             mlp=TorchMlpFitter(),
         )
-        for kind in ("router", "cluster"):
+        for kind in ("router", "knn", "cluster"):
             router = Router(models[kind], cast(QuestionEmbedder, embedder))
             p, cost = router.estimate(values[complete], rows)
             routers[f"{kind} ({label})"] = _Estimated(router.names, p, cost)
@@ -759,7 +1126,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--table", type=Path, required=True)
     parser.add_argument("--cache", type=Path, required=True, help="where features are kept")
-    parser.add_argument("step", choices=("embed-smollm2", "tune-minilm", "compare", "test"))
+    parser.add_argument(
+        "step",
+        choices=(
+            "embed-smollm2",
+            "embed-smollm2-layers",
+            "tune-minilm",
+            "compare",
+            "calibrate",
+            "time-smollm2",
+            "test",
+        ),
+    )
     parser.add_argument("--sets", default=",".join(FIXED_SETS + TUNED_SETS))
     parser.add_argument(
         "--fold-seed", type=int, default=0, help="other folds than the router's (0: its own)"
@@ -768,17 +1146,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--test-set", help="with step test: the feature set to judge")
     parser.add_argument("--tune-layers", type=int, default=2)
     parser.add_argument("--final", action="store_true", help="also tune on every training item")
+    parser.add_argument("--run-layers", type=int, help="time-smollm2: run only the first N layers")
+    parser.add_argument("--max-tokens", type=int, help="time-smollm2: the last N tokens only")
+    parser.add_argument("--threads", type=int, default=2, help="time-smollm2: torch threads")
+    parser.add_argument("--count", type=int, default=200, help="time-smollm2: questions timed")
     args = parser.parse_args(argv)
     args.cache.mkdir(parents=True, exist_ok=True)
     data = table_routing_data(args.table)
     if args.step == "embed-smollm2":
         embed_smollm2(data, args.cache)
+    elif args.step == "embed-smollm2-layers":
+        embed_smollm2_layers(data, args.cache)
     elif args.step == "tune-minilm":
         tune_minilm(Setting(data), args.cache, args.tune_layers, args.final)
     elif args.step == "test":
         if not args.test_set:
             raise SystemExit("step test needs --test-set")
         held_out_figures(Setting(data), args.cache, args.test_set)
+    elif args.step == "calibrate":
+        calibrate(Setting(data, args.fold_seed), args.cache, args.sets.split(","), args.fresh)
+    elif args.step == "time-smollm2":
+        time_smollm2(data, args.run_layers, args.max_tokens, args.threads, args.count)
     else:
         compare(Setting(data, args.fold_seed), args.cache, args.sets.split(","), args.fresh)
 
