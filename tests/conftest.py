@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
@@ -21,6 +22,12 @@ from conductor_adapters.store.db import make_engine, normalize_url, redact_url, 
 pytest_plugins = ["fakes.servers", "fakes.fixtures", "fakes.brokers"]
 
 COSTLY = ("model", "training", "processes", "slow")
+
+# Property tests check what a function returns, not how fast: hypothesis's default 200 ms
+# deadline per example failed a schema test on a loaded 2-core machine (an example took longer,
+# its result was right).
+hypothesis_settings.register_profile("conductor", deadline=None)
+hypothesis_settings.load_profile("conductor")
 
 # Under pytest-xdist (``-n 2``) each worker is a process that may run a llama.cpp engine or
 # torch at the same time as the other: engines that each spin two threads on 2 cores slow
