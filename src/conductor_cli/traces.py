@@ -8,7 +8,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 import typer
 
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
 
     from conductor.variants import Variant
-    from conductor_adapters.store.models import WorkflowRow
     from conductor_adapters.store.retention import PruneResult, RetentionPolicy, ScopeCount
 
 traces_app = typer.Typer(
@@ -296,7 +295,7 @@ class _PrunedRows:
         from sqlmodel import Session, col, select
 
         from conductor_adapters.store.models import WorkflowRow
-        from conductor_trainer.export import executed_steps, training_row
+        from conductor_trainer.export import executed_steps, training_row, unplanned_row
 
         with Session(bind=conn) as session:
             rows = session.exec(
@@ -307,7 +306,7 @@ class _PrunedRows:
             steps = executed_steps(session, ids)
             for row in rows:
                 ran = steps.get(row.id, [])
-                exported = training_row(row, self.variants, ran) or _unplanned_row(row, ran)
+                exported = training_row(row, self.variants, ran) or unplanned_row(row, ran)
                 self.f.write(json.dumps(exported, ensure_ascii=False) + "\n")
         self.f.flush()
         os.fsync(self.f.fileno())
@@ -319,31 +318,6 @@ class _PrunedRows:
         self.f.flush()
         if self.f.tell() != self.kept:
             self.f.truncate(self.kept)
-
-
-def _unplanned_row(row: WorkflowRow, steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """The export's row for a workflow the Conductor never planned (the training export skips
-    those): the same fields, without a prompt or output."""
-    return {
-        "workflow_id": str(row.id),
-        "tenant": row.tenant,
-        "created_at": row.created_at.isoformat(),
-        "variant": row.variant,
-        "question": row.question,
-        "pool": [],
-        "prompt": None,
-        "output": None,
-        "output_lists": None,
-        "plan_valid": False,
-        "status": row.status,
-        "answer": row.answer,
-        "reward": row.feedback,
-        "feedback": row.feedback,
-        "reference": row.labels.get("reference"),
-        "labels": row.labels,
-        "steps": steps,
-        "cost_usd": row.cost_usd,
-    }
 
 
 @retention_app.command("show")

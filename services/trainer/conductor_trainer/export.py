@@ -103,17 +103,39 @@ def training_row(
     max_steps = variant.max_steps if variant is not None else MAX_STEPS_LIMIT
     request = PlanRequest(question=row.question, pool=first.pool, max_steps=max_steps)
     prompt = [m.as_text_turn() for m in render_prompt(request, PlanFormat.LISTS)]
+    planned = {
+        "pool": [entry.name for entry in first.pool],
+        "prompt": prompt,
+        "output": first.raw_output,
+        "output_lists": first.plan.as_lists_text() if first.valid else None,
+        "plan_valid": first.valid,
+    }
+    return _exported(row, planned, steps)
+
+
+def unplanned_row(row: WorkflowRow, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """A workflow the Conductor never planned, in training_row's fields (which skips it) with
+    no prompt or output: what an export of everything (the trace prune's) writes for it."""
+    unplanned: dict[str, Any] = {
+        "pool": [],
+        "prompt": None,
+        "output": None,
+        "output_lists": None,
+        "plan_valid": False,
+    }
+    return _exported(row, unplanned, steps)
+
+
+def _exported(
+    row: WorkflowRow, planned: dict[str, Any], steps: list[dict[str, Any]]
+) -> dict[str, Any]:
     return {
         "workflow_id": str(row.id),
         "tenant": row.tenant,
         "created_at": row.created_at.isoformat(),
         "variant": row.variant,
         "question": row.question,
-        "pool": [entry.name for entry in first.pool],
-        "prompt": prompt,
-        "output": first.raw_output,
-        "output_lists": first.plan.as_lists_text() if first.valid else None,
-        "plan_valid": first.valid,
+        **planned,
         "status": row.status,
         "answer": row.answer,
         "reward": row.feedback,
