@@ -8,6 +8,7 @@ cross-validation on an outcome table's training split.
     python benchmarks/router_features.py --table routerbench.jsonl --cache DIR compare
         [--sets wordllama,smollm2-mean-last,...] [--fold-seed 1]
     python benchmarks/router_features.py --table routerbench.jsonl --cache DIR embed-smollm2-layers
+        [--run-layers 9 --whole-question]
     python benchmarks/router_features.py --table routerbench.jsonl --cache DIR calibrate
         --sets smollm2-L15,wordllama [--fold-seed 1]
     python benchmarks/router_features.py --table routerbench.jsonl --cache DIR time-smollm2
@@ -47,7 +48,11 @@ What each step does:
   paragraph (``smollm2-layers.npy``), and of its last 128 tokens (``smollm2-layers-short.npy``;
   100 of RouterBench's 3,164 questions are longer: p50 56 tokens, max 217). Sets
   ``smollm2-L{n}`` and ``smollm2-short-L{n}`` (standardised as above); ``smollm2-L15`` and
-  ``smollm2-L30`` are ``smollm2-mean-mid`` and ``smollm2-mean-last`` (same CV figures).
+  ``smollm2-L30`` are ``smollm2-mean-mid`` and ``smollm2-mean-last`` (same CV figures). With
+  ``--run-layers N`` only the first N layers run (hidden states 0 to N, each as the whole model
+  gives it) and only the cut pass is made (``smollm2-layers-short.npy``); ``--whole-question``
+  reads the whole question instead of its last paragraph (RouterDC's questions have no shared
+  prefix, and HumanEval's have blank lines).
 - ``calibrate``: per fold, the logistic heads (at the C the router chose for the set), the mlp
   head and the mean of the two heads' chances, each as is and calibrated per worker before the
   cost-weighted choice: ``platt`` (logistic regression on the logit), ``platt-domain`` (the
@@ -56,7 +61,11 @@ What each step does:
 - ``time-smollm2``: milliseconds per question of the SmolLM2 features as serving would compute
   them, one question at a time (tokenise, the first ``--run-layers`` layers, the token-mean).
 - ``test --test-set SET``: the test split's figures, for a set that won in cross-validation,
-  beside the shipped WordLlama router, with ``knn`` and ``cluster`` on each set's features.
+  beside the shipped WordLlama router, with ``knn`` and ``cluster`` on each set's features;
+  then, at cost weight 0, the mean over benchmarks as ``conductor eval`` reports it
+  (``suite_mean``: each benchmark weighs the same, the margin over the best single model paired
+  question by question, 1,000 bootstrap resamples within each benchmark), for the benchmarks
+  trained on (in distribution) and for those never seen (out of distribution).
 
 Results on RouterBench's 2,212 training questions (the router's 5 folds; Δ: mean per-fold
 difference from WordLlama ± its standard error in units of 0.0001; own: the tuned network's
@@ -144,6 +153,24 @@ same features (0.7926, +0.030 to +0.059; 0.8250, +0.002 to +0.022) and of WordLl
 25%. Layer 15 had read 0.842 on the test split: the cross-validated gain of layer 9 over it
 (0.002-0.003, the best of 14 layers then scored) did not carry over; layer 7, scored later on
 fold seed 0 only, was not read on the test split.
+
+RouterDC's seven models (issue 33; the table of ``docs/runs/router-routerdc``, 5,935 training
+questions; every model priced alike, so ``--head auto`` compares fold accuracy at cost weight 0).
+SmolLM2's first 9 layers over each whole question's last 128 tokens (``embed-smollm2-layers
+--run-layers 9 --whole-question``; p50 83 tokens, 4,761 of the 18,060 questions cut; 1,324 s,
+one thread at nice 19 beside a CI run; layer 9 so computed equals the whole model's exactly),
+router's folds, logistic (C as chosen) / mlp: ``smollm2-short-L9`` 0.5294 (C 0.03) / 0.5284,
+WordLlama 0.5295 (C 0.03) / 0.5289; Δ -0.0002±0.0005 / -0.0005±0.0009. Ridge R² per benchmark
+rises (GSM8K 0.143 against 0.008, MMLU 0.279 against 0.200, HumanEval 0.146 against 0.096,
+CMMLU 0.058 against 0.041, ARC -0.006 against -0.007), the routed accuracy does not. Layer 15
+was not embedded (a 15-layer pass would not have finished in the time given). The
+cross-validation's best is the shipped WordLlama router, so no SmolLM2 figure was read on the
+test split; ``test --test-set wordllama`` gives the documented run's figures exactly (mean
+over benchmarks at cost weight 0, minus dolphin-2.9-llama3-8b, points): in distribution router
++1.8 (-0.4 to +4.0), ``knn`` +0.7 (-1.5 to +2.9), ``cluster`` +2.5 (+1.4 to +3.6); out of
+distribution +0.7 (-0.9 to +2.3), -0.8 (-2.2 to +0.5), -0.9 (-2.3 to +0.6). Neither RouterDC's
++2.76 nor its +1.90 is met, and SmolLM2's layer 9 gives no reason in cross-validation to
+expect it would move them.
 """
 
 from __future__ import annotations
@@ -312,14 +339,22 @@ def _layer_means(
     return out
 
 
-def embed_smollm2_layers(data: RoutingData, cache: Path) -> None:
+def embed_smollm2_layers(
+    data: RoutingData, cache: Path, run_layers: int | None = None, whole: bool = False
+) -> None:
     """One pass of SmolLM2 over every question's last paragraph keeping the token-mean of every
     hidden state (``smollm2-layers.npy``: questions, 31, 576), and the same for the question cut
     to its last SMOLLM2_SHORT_TOKENS tokens (``smollm2-layers-short.npy``; only the longer
-    questions are run again)."""
+    questions are run again). With ``run_layers``, only the first ``run_layers`` layers run and
+    only the cut pass is made: ``smollm2-layers-short.npy`` holds hidden states 0 to
+    ``run_layers`` (each exactly as the whole model has it). ``whole``: the whole question, not
+    its last paragraph (RouterDC's questions have no shared few-shot prefix)."""
     import torch
 
     torch.set_num_threads(1)
+    if run_layers is not None:
+        embed_smollm2_cut(data, cache, run_layers, whole)
+        return
     tokenizer, base = _smollm2()
     texts = [last_paragraph(item.question) for item in data.items]
     lengths = np.array([len(tokenizer(t)["input_ids"]) for t in texts])
@@ -338,6 +373,26 @@ def embed_smollm2_layers(data: RoutingData, cache: Path) -> None:
         short[long] = _layer_means(
             tokenizer, base, [texts[i] for i in long], SMOLLM2_SHORT_TOKENS, "smollm2 short"
         )
+    np.save(cache / "smollm2-layers-short.npy", short)
+
+
+def embed_smollm2_cut(data: RoutingData, cache: Path, run_layers: int, whole: bool) -> None:
+    """``embed-smollm2-layers --run-layers N``: the first N layers over each question's last
+    SMOLLM2_SHORT_TOKENS tokens, one pass, every hidden state's token-mean kept."""
+    tokenizer, base = _smollm2(run_layers)
+    texts = [
+        item.question.strip() if whole else last_paragraph(item.question) for item in data.items
+    ]
+    lengths = np.array([len(tokenizer(t)["input_ids"]) for t in texts])
+    over = int((lengths > SMOLLM2_SHORT_TOKENS).sum())
+    say(
+        f"smollm2 tokens a question: p50 {np.median(lengths):.0f}, p90 "
+        f"{np.percentile(lengths, 90):.0f}, max {lengths.max()}; {over} of {len(lengths)} "
+        f"over {SMOLLM2_SHORT_TOKENS} (cut to their last {SMOLLM2_SHORT_TOKENS}); "
+        f"{run_layers} layers"
+    )
+    np.save(cache / "smollm2-ids.npy", np.array([item.id for item in data.items]))
+    short = _layer_means(tokenizer, base, texts, SMOLLM2_SHORT_TOKENS, "smollm2 short")
     np.save(cache / "smollm2-layers-short.npy", short)
 
 
@@ -1107,6 +1162,7 @@ def held_out_figures(
         routers=cast(dict[str, Router], routers),
     )
     (cache / f"test-{name}.json").write_text(json.dumps(report, indent=1))
+    benchmark_means(setting, complete, routers, cache / f"test-{name}-means.json")
     best = max(report["single"], key=lambda w: report["single"][w]["accuracy"])
     single = report["single"][best]
     first = next(iter(routers))
@@ -1123,6 +1179,100 @@ def held_out_figures(
             f"{curve['name']} | {curve['area']:.4f} {curve['area_ci']} | "
             f"{curve['router_minus_this_ci']} | {' / '.join(budgets)}"
         )
+
+
+def benchmark_means(
+    setting: Setting, complete: npt.NDArray[np.bool_], routers: dict[str, Any], out: Path
+) -> None:
+    """At cost weight 0, the mean over benchmarks of the held-out questions as ``conductor
+    eval`` reports it (``suite_mean``: each benchmark counts the same, the margin over the best
+    single worker paired item by item, bootstrap within each benchmark), once for the
+    benchmarks the router trained on (in distribution) and once for those it never saw (out of
+    distribution); with each benchmark's accuracy."""
+    from conductor_evaluation.report import suite_mean
+    from conductor_evaluation.results import ItemResult
+    from conductor_evaluation.strategies import Kind, Strategy
+
+    rows = np.flatnonzero(complete)
+    workers = setting.data.workers
+    seen = set(setting.domains[setting.train])
+    strategies = [Strategy(f"single:{w}", Kind.SINGLE, (w,)) for w in workers]
+    strategies += [Strategy("oracle", Kind.ORACLE)]
+    strategies += [Strategy(label, Kind.ROUTER) for label in routers]
+    picks = {label: r.picks(*r.estimate(None, rows), 0.0) for label, r in routers.items()}
+    groups: dict[str, list[ItemResult]] = {"in distribution": [], "out of distribution": []}
+    for k, i in enumerate(rows):
+        domain = str(setting.domains[i])
+        group = groups["in distribution" if domain in seen else "out of distribution"]
+        chosen = [(f"single:{w}", j) for j, w in enumerate(workers)]
+        chosen += [(label, int(p[k])) for label, p in picks.items()]
+        for strategy, j in chosen:
+            value = float(setting.right[i, j])
+            group.append(
+                ItemResult(
+                    suite=domain,
+                    item_id=setting.data.items[i].id,
+                    strategy=strategy,
+                    correct=value >= 0.5,
+                    status="completed",
+                    score=value,
+                    cost_usd=float(setting.cost[i, j]),
+                )
+            )
+    document = {}
+    for label, results in groups.items():
+        means = suite_mean(results, strategies) if results else None
+        if means is None:
+            continue
+        by_suite: dict[str, dict[str, list[float]]] = {}
+        for r in results:
+            by_suite.setdefault(r.suite, {}).setdefault(r.strategy, []).append(r.value)
+        for suite in by_suite:  # per question the best single worker
+            here = rows[setting.domains[rows] == suite]
+            by_suite[suite]["oracle"] = setting.right[here].max(axis=1).tolist()
+        document[label] = {"means": means.model_dump(), "by_suite": by_suite}
+        print(
+            f"{label}, cost weight 0: mean over {len(means.suites)} benchmarks "
+            f"({', '.join(means.suites)}); best single {means.best_single}; {means.bootstrap}"
+        )
+        print(
+            "strategy | mean (95% CI) | minus best single, points (CI) | "
+            + " | ".join(means.suites)
+        )
+        for row in means.strategies:
+            if row.kind == "single" and row.strategy != means.best_single:
+                continue
+            margin = "-"
+            if row.minus_best_single is not None and row.minus_best_single_ci95 is not None:
+                low, high = row.minus_best_single_ci95
+                margin = (
+                    f"{100 * row.minus_best_single:+.2f} ({100 * low:+.1f} to {100 * high:+.1f})"
+                )
+            low, high = row.ci95
+            suites = [
+                f"{100 * np.mean(by_suite[suite][row.strategy]):.1f}"
+                if row.strategy in by_suite[suite]
+                else "-"
+                for suite in means.suites
+            ]
+            print(
+                f"{row.strategy} | {100 * row.mean_accuracy:.1f}% "
+                f"({100 * low:.1f}-{100 * high:.1f}) | {margin} | {' | '.join(suites)}"
+            )
+        best = {}
+        for suite in means.suites:
+            scores = {s: float(np.mean(v)) for s, v in by_suite[suite].items()}
+            best[suite] = max(
+                (s for s in scores if s.startswith("single:")), key=scores.__getitem__
+            )
+        print(
+            "best single on each: "
+            + "; ".join(
+                f"{suite} {100 * np.mean(by_suite[suite][s]):.1f} {s.removeprefix('single:')}"
+                for suite, s in best.items()
+            )
+        )
+    out.write_text(json.dumps(document, indent=1))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -1149,7 +1299,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--test-set", help="with step test: the feature set to judge")
     parser.add_argument("--tune-layers", type=int, default=2)
     parser.add_argument("--final", action="store_true", help="also tune on every training item")
-    parser.add_argument("--run-layers", type=int, help="time-smollm2: run only the first N layers")
+    parser.add_argument(
+        "--run-layers",
+        type=int,
+        help="time-smollm2, embed-smollm2-layers: run only the first N layers",
+    )
+    parser.add_argument(
+        "--whole-question",
+        action="store_true",
+        help="embed-smollm2-layers: the whole question, not its last paragraph",
+    )
     parser.add_argument("--max-tokens", type=int, help="time-smollm2: the last N tokens only")
     parser.add_argument("--threads", type=int, default=2, help="time-smollm2: torch threads")
     parser.add_argument("--count", type=int, default=200, help="time-smollm2: questions timed")
@@ -1159,7 +1318,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.step == "embed-smollm2":
         embed_smollm2(data, args.cache)
     elif args.step == "embed-smollm2-layers":
-        embed_smollm2_layers(data, args.cache)
+        embed_smollm2_layers(data, args.cache, args.run_layers, args.whole_question)
     elif args.step == "tune-minilm":
         tune_minilm(Setting(data), args.cache, args.tune_layers, args.final)
     elif args.step == "test":
