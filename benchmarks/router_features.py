@@ -357,13 +357,7 @@ def embed_smollm2_layers(
         return
     tokenizer, base = _smollm2()
     texts = [last_paragraph(item.question) for item in data.items]
-    lengths = np.array([len(tokenizer(t)["input_ids"]) for t in texts])
-    over = int((lengths > SMOLLM2_SHORT_TOKENS).sum())
-    say(
-        f"smollm2 tokens a question: p50 {np.median(lengths):.0f}, p90 "
-        f"{np.percentile(lengths, 90):.0f}, max {lengths.max()}; {over} of {len(lengths)} "
-        f"over {SMOLLM2_SHORT_TOKENS}"
-    )
+    lengths = _token_lengths(tokenizer, texts)
     np.save(cache / "smollm2-ids.npy", np.array([item.id for item in data.items]))
     full = _layer_means(tokenizer, base, texts, None, "smollm2 layers")
     np.save(cache / "smollm2-layers.npy", full)
@@ -376,6 +370,18 @@ def embed_smollm2_layers(
     np.save(cache / "smollm2-layers-short.npy", short)
 
 
+def _token_lengths(tokenizer: Any, texts: list[str], note: str = "") -> npt.NDArray[np.int64]:
+    """Each text's SmolLM2 tokens, and a line saying how many are over the cut."""
+    lengths = np.array([len(tokenizer(t)["input_ids"]) for t in texts])
+    over = int((lengths > SMOLLM2_SHORT_TOKENS).sum())
+    say(
+        f"smollm2 tokens a question: p50 {np.median(lengths):.0f}, p90 "
+        f"{np.percentile(lengths, 90):.0f}, max {lengths.max()}; {over} of {len(lengths)} "
+        f"over {SMOLLM2_SHORT_TOKENS}{note}"
+    )
+    return lengths
+
+
 def embed_smollm2_cut(data: RoutingData, cache: Path, run_layers: int, whole: bool) -> None:
     """``embed-smollm2-layers --run-layers N``: the first N layers over each question's last
     SMOLLM2_SHORT_TOKENS tokens, one pass, every hidden state's token-mean kept."""
@@ -383,13 +389,8 @@ def embed_smollm2_cut(data: RoutingData, cache: Path, run_layers: int, whole: bo
     texts = [
         item.question.strip() if whole else last_paragraph(item.question) for item in data.items
     ]
-    lengths = np.array([len(tokenizer(t)["input_ids"]) for t in texts])
-    over = int((lengths > SMOLLM2_SHORT_TOKENS).sum())
-    say(
-        f"smollm2 tokens a question: p50 {np.median(lengths):.0f}, p90 "
-        f"{np.percentile(lengths, 90):.0f}, max {lengths.max()}; {over} of {len(lengths)} "
-        f"over {SMOLLM2_SHORT_TOKENS} (cut to their last {SMOLLM2_SHORT_TOKENS}); "
-        f"{run_layers} layers"
+    _token_lengths(
+        tokenizer, texts, f" (cut to their last {SMOLLM2_SHORT_TOKENS}); {run_layers} layers"
     )
     np.save(cache / "smollm2-ids.npy", np.array([item.id for item in data.items]))
     short = _layer_means(tokenizer, base, texts, SMOLLM2_SHORT_TOKENS, "smollm2 short")
