@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from conductor.answer_format import AnswerFormat
+from conductor.chat import ToolUse
 from conductor.errors import ConfigurationError, InvalidRequest, StepCallFailed
 from conductor.machine import (
     Aborted,
@@ -76,10 +77,12 @@ class WorkflowExecutor:
         created_at: datetime | None = None,
         answer_format: AnswerFormat | None = None,
         tenant: str | None = None,
+        tools: ToolUse | None = None,
     ) -> WorkflowRecord:
         """Run one workflow; ``pool`` limits the workers the Conductor sees (None: all);
         ``answer_format`` is the form its answer must take (None: any text); ``tenant`` is
-        whose workflow it is (its calls take a fair turn on busy workers)."""
+        whose workflow it is (its calls take a fair turn on busy workers); ``tools`` are the
+        client's functions, offered to the step that writes the answer."""
         check_question(question)
         entries = self.entries_for(pool)
         if not entries:
@@ -92,6 +95,8 @@ class WorkflowExecutor:
             created_at=created_at,
             answer_format=answer_format,
             tenant=tenant,
+            tools=tools,
+            tool_workers=self.pool.tool_workers,
         )
         tasks: set[asyncio.Task[Fact]] = set()
         late: list[Fact] = []  # the calls of steps cancelled with the workflow (see _perform)
@@ -155,6 +160,7 @@ class WorkflowExecutor:
                     action.messages,
                     allowed_workers=action.allowed_workers,
                     tenant=action.tenant,
+                    tools=action.tools,
                     attempts=made,
                 )
         except TimeoutError:

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, Field
 
 from conductor.answer_format import AnswerFormat, AnswerFormatError
-from conductor.chat import ChatMessage, Usage
+from conductor.chat import ChatMessage, ToolCall, ToolUse, Usage
 from conductor.orchestration import (
     CONDUCTOR_WORKER,
     build_messages,
@@ -45,6 +45,7 @@ from conductor.workflow import (
     attempts_total,
 )
 
+NO_TOOL_WORKER = "tools were offered, and no worker of this workflow's pool takes tools"
 CONDUCTOR_ENTRY = PoolEntry(name=CONDUCTOR_WORKER, description="the Conductor", is_conductor=True)
 MAX_SENDS = 2  # a step or plan request is sent at most this often before it fails
 
@@ -171,6 +172,8 @@ class Dispatch(BaseModel):
     # The workflow's pool: the only workers the call may reach, the worker's fallbacks included.
     allowed_workers: list[str]
     tenant: str | None = None  # whose workflow: its calls take a fair turn on busy workers
+    # The client's functions: offered to the step that writes its round's answer only.
+    tools: ToolUse | None = None
     # The step's deadline for this send: past it the step is sent again or fails, so nobody
     # waits for the answer of this send any longer.
     expires_at: datetime
@@ -204,6 +207,12 @@ class WorkflowState(BaseModel):
     answer_format: AnswerFormat | None = None
     # Whose workflow it is (an API key's tenant); None: nobody's in particular.
     tenant: str | None = None
+    # The functions the client offers; only the step that writes a round's answer is given
+    # them, and it may answer with calls for the client to run. None: no tools.
+    tools: ToolUse | None = None
+    # The pool's workers whose wire format carries tools, in pool order: while tools are
+    # offered, the answering step runs on one of them.
+    tool_workers: list[str] = Field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -226,7 +235,15 @@ class WorkflowMachine:
         created_at: datetime | None = None,
         answer_format: AnswerFormat | None = None,
         tenant: str | None = None,
+        tools: ToolUse | None = None,
+        tool_workers: Sequence[str] = (),
     ) -> WorkflowMachine:
+        """A new workflow. With ``tools``, a one-step variant's Conductor sees only the
+        ``tool_workers`` (its one step answers), and a workflow whose pool has none of them
+        fails at once."""
+        takers = [e for e in entries if e.name in set(tool_workers)] if tools else entries
+        if tools is not None and variant.max_steps == 1:
+            entries = takers
         result = WorkflowRecord(
             workflow_id=workflow_id,
             variant=variant.name,
@@ -242,9 +259,13 @@ class WorkflowMachine:
             entries=entries,
             answer_format=answer_format,
             tenant=tenant,
+            tools=tools,
+            tool_workers=[e.name for e in takers] if tools else [],
         )
         machine = cls(state)
         machine._emit(EventKind.STARTED, workers=[e.name for e in entries])
+        if tools is not None and not takers:
+            machine._fail(NO_TOOL_WORKER)
         return machine
 
     @property
@@ -309,7 +330,10 @@ class WorkflowMachine:
         if dispatches or any(s.kind is StepKind.WORKER and s.status.active for s in records):
             return actions
         last = records[-1]
-        if last.kind is StepKind.CONDUCTOR and last.status is StepStatus.PENDING:
+        # A round whose answer asks for the client's functions ends the workflow: the client
+        # runs them, and its next request (with their results) is a new workflow.
+        calls = any(s.tool_calls for s in records)
+        if last.kind is StepKind.CONDUCTOR and last.status is StepStatus.PENDING and not calls:
             request = self.plan_request(round_no + 1)
             if request.max_steps >= 1:
                 self._mark_started(last)
@@ -341,7 +365,8 @@ class WorkflowMachine:
         by_index = {s.index: s for s in self.result.steps}
         messages = build_messages(self.result.question, step, by_index)
         form = self.state.answer_format
-        if form is not None and self._writes_the_answer(step):
+        answers = self._writes_the_answer(step)
+        if form is not None and answers:
             last = messages[-1]
             messages[-1] = last.model_copy(
                 update={"content": f"{last.content}\n\n{form.instruction()}"}
@@ -357,6 +382,7 @@ class WorkflowMachine:
             dispatch=sends,
             allowed_workers=[entry.name for entry in self.state.entries],
             tenant=self.state.tenant,
+            tools=self.state.tools if answers else None,
             expires_at=sent_at + timedelta(seconds=self.state.variant.step_timeout_s),
         )
 
@@ -537,7 +563,19 @@ class WorkflowMachine:
                     ),
                 )
             )
+        self._answer_on_a_tool_worker(round_no)
         return True
+
+    def _answer_on_a_tool_worker(self, round_no: int) -> None:
+        """While tools are offered, the round's answering step runs on a worker whose wire
+        format carries them: the pool's first such worker when the plan chose another (the
+        plan keeps its choice; the step records the worker that ran)."""
+        if self.state.tools is None:
+            return
+        workers = [s for s in self.result.steps if s.round == round_no]
+        workers = [s for s in workers if s.kind is StepKind.WORKER]
+        if workers and workers[-1].worker not in self.state.tool_workers:
+            workers[-1].worker = self.state.tool_workers[0]
 
     def _plan_failed(self, round_no: int, error: str) -> bool:
         if self.state.finished or self.state.planning_round != round_no:
@@ -559,6 +597,7 @@ class WorkflowMachine:
             return False
         step.attempts = call.attempts
         step.output, step.usage, step.cost_usd = call.text, call.usage, call.cost_usd
+        step.tool_calls = list(call.tool_calls)
         step.status = StepStatus.SUCCEEDED
         self._mark_finished(step)
         return True
@@ -617,8 +656,14 @@ class WorkflowMachine:
             self._fail("no step produced an answer")
             return
         # The last step's answer is the answer, even when it is empty.
-        answer = worker_steps[-1].output or ""
-        if self.state.answer_format is not None:
+        final = worker_steps[-1]
+        answer = final.output or ""
+        if self.state.tools is not None:
+            refusal = forced_call_error(self.state.tools, final.tool_calls)
+            if refusal is not None:
+                self._fail(refusal)
+                return
+        if self.state.answer_format is not None and not final.tool_calls:
             try:
                 answer = self.state.answer_format.conform(answer)
             except AnswerFormatError as exc:
@@ -730,3 +775,26 @@ def _replan_summary(outcome: PlanOutcome) -> str:
     if outcome.stop:
         return "the Conductor stopped; the last answer stands"
     return f"the Conductor wrote {len(outcome.plan.steps)} more step(s)"
+
+
+def forced_call_error(tools: ToolUse, calls: Sequence[ToolCall]) -> str | None:
+    """Why an answer breaks a forced function call (``tool_choice`` naming a function, or
+    "required"), or None: the function must be called, with arguments that follow its
+    parameters' JSON Schema."""
+    if tools.choice in ("auto", "none"):
+        return None
+    if not calls:
+        return f"tool_choice {tools.choice!r}: the answering worker called no function"
+    specs = {t.name: t for t in tools.tools}
+    for call in calls:
+        if tools.choice != "required" and call.name != tools.choice:
+            return f"tool_choice {tools.choice!r}: the answering worker called {call.name!r}"
+        spec = specs.get(call.name)
+        if spec is None:
+            return f"the answering worker called {call.name!r}, which was not offered"
+        schema = spec.parameters or {"type": "object"}
+        try:
+            AnswerFormat(type="json_schema", json_schema=schema).conform(call.arguments)
+        except AnswerFormatError as exc:
+            return f"the arguments of the call of {call.name!r} do not follow its parameters: {exc}"
+    return None

@@ -254,6 +254,11 @@ class Pool(BaseModel):
     def find(self, name: str) -> WorkerSpec | None:
         return next((worker for worker in self.workers if worker.name == name), None)
 
+    @property
+    def tool_workers(self) -> list[str]:
+        """The workers whose wire format carries tools, in pool order."""
+        return [w.name for w in self.workers if w.provider in TOOL_CALLING_PROVIDERS]
+
     def get(self, name: str) -> WorkerSpec:
         worker = self.find(name)
         if worker is not None:

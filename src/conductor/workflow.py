@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from conductor.chat import Usage
+from conductor.chat import ToolCall, Usage
 
 ALL: Literal["all"] = "all"
 AccessEntry = int | Literal["all"]
@@ -139,6 +139,9 @@ class StepRecord(BaseModel):
     visible_steps: list[int] = Field(default_factory=list)
     status: StepStatus = StepStatus.PENDING
     output: str | None = None
+    # The client's functions the step asked to call (the answering step of a workflow that
+    # was offered tools), for the client to run; its answer then.
+    tool_calls: list[ToolCall] = Field(default_factory=list)
     usage: Usage = Usage()
     cost_usd: float = 0.0
     latency_ms: float = 0.0
@@ -186,3 +189,17 @@ class WorkflowRecord(BaseModel):
     @property
     def plan_valid(self) -> bool:
         return bool(self.planner_calls) and self.planner_calls[0].valid
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The client's functions a completed workflow's answer asks to call (none: a text
+        answer)."""
+        return answer_tool_calls(self.status.value, self.steps)
+
+
+def answer_tool_calls(status: str, steps: list[StepRecord]) -> list[ToolCall]:
+    """The calls that a workflow's answer asks for: its last worker step's, once completed."""
+    if status != WorkflowStatus.COMPLETED.value:
+        return []
+    workers = [s for s in steps if s.kind is StepKind.WORKER]
+    return list(workers[-1].tool_calls) if workers else []

@@ -224,7 +224,7 @@ def test_upgrade_is_idempotent(database_url: str) -> None:
     finally:
         engine.dispose()
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert list(versions) == [head] == ["0013"]
+    assert list(versions) == [head] == ["0014"]
     assert count == 1
 
 

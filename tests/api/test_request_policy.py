@@ -344,22 +344,32 @@ def test_codex_runs_a_tool_calling_turn_against_a_worker(api: Api) -> None:
     assert sent[3].content == ASK
 
 
-def test_codex_on_a_variant_is_refused_only_for_its_tools(api: Api) -> None:
-    # Given Codex's first turn to a variant
-    body = codex_request("conductor-ultra", web_search=False)
+def test_codex_runs_a_tool_calling_turn_on_a_variant(api: Api) -> None:
+    # Given Codex's first turn to a variant, as it sends it with web_search = "disabled"
+    first = codex_request("conductor-ultra", web_search=False)
 
-    # Then the tools are what a workflow refuses (a workflow calls no client function yet)
-    error = _refused(_post(api, "/v1/responses", body), "tools")
-    assert error["code"] == "unsupported_parameter"
+    # When it streams the workflow's answer
+    events = _events(_post(api, "/v1/responses", first))
 
-    # and everything else Codex sends is accepted: without the tools the turn completes
-    del body["tools"]
-    events = _events(_post(api, "/v1/responses", body))
+    # Then the answering step (beta) asks for the shell, and the stream ends with the call
     completed = events[-1]
     assert completed["type"] == "response.completed", events
+    [call] = [item for item in completed["response"]["output"] if item["type"] == "function_call"]
+    assert call["name"] == "shell"
+    assert [t.name for t in api.workers["beta"].tools_offered[-1].tools] == ["shell", "update_plan"]
+    # and its client metadata is the workflow's labels
     workflow_id = completed["response"]["conductor"]["workflow_id"]
     with api.http() as http:
         labels = http.get(f"/v1/workflows/{workflow_id}").json()["metadata"]
-    assert labels["thread_id"] == body["client_metadata"]["thread_id"]
+    assert labels["thread_id"] == first["client_metadata"]["thread_id"]
     # a value over a label's 512 characters would be cut to them; this one fits
-    assert labels["x-codex-turn-metadata"] == body["client_metadata"]["x-codex-turn-metadata"]
+    assert labels["x-codex-turn-metadata"] == first["client_metadata"]["x-codex-turn-metadata"]
+
+    # When Codex runs the command and sends the whole conversation again with its output
+    events = _events(_post(api, "/v1/responses", next_turn(first, call, "README.md\nsrc\n")))
+
+    # Then a new workflow answers with the output it saw in the conversation
+    completed = events[-1]
+    assert completed["type"] == "response.completed", events
+    text = [part["text"] for item in completed["response"]["output"] for part in item["content"]]
+    assert text == ["beta read the tool's result: README.md"]

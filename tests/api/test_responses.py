@@ -512,16 +512,18 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(
         assert param.split(".")[0] in error["message"]
 
 
-def test_the_sdk_raises_bad_request_for_tools_a_workflow_would_call(client: openai.OpenAI) -> None:
+def test_the_sdk_raises_bad_request_for_tools_no_worker_would_take(client: openai.OpenAI) -> None:
     tool: Any = {
         "type": "function",
         "name": "add",
         "parameters": {"type": "object"},
         "strict": True,
     }
-    for model in ("conductor-ultra", "gamma"):  # a workflow; a worker without tools
+    # a worker without tools; a workflow whose pool has only such workers
+    for model, pool in (("gamma", None), ("conductor-ultra", ["gamma"])):
+        extra = {"conductor": {"pool": pool}} if pool else None
         with pytest.raises(openai.BadRequestError, match="tools") as refused:
-            client.responses.create(model=model, input=QUESTION, tools=[tool])
+            client.responses.create(model=model, input=QUESTION, tools=[tool], extra_body=extra)
         assert refused.value.body["param"] == "tools"  # type: ignore[index]
     told_not_to_call = client.responses.create(
         model="conductor-ultra", input=QUESTION, tools=[tool], tool_choice="none"

@@ -10,7 +10,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
@@ -69,7 +68,13 @@ def test_an_answer_that_does_not_match_the_schema_fails_without_retries(api: Api
     [
         ({"response_format": NOT_A_SCHEMA}, "response_format"),
         ({"model": "jsoner", "response_format": NOT_A_SCHEMA}, "response_format"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+                "conductor": {"pool": ["gamma"]},
+            },
+            "tools",
+        ),
         ({"tool_choice": "required"}, "tool_choice"),
         (
             {"model": "gamma", "tools": [{"type": "function", "function": {"name": "f"}}]},
@@ -134,7 +139,7 @@ def test_an_answer_that_does_not_match_the_schema_fails_without_retries(api: Api
     ids=[
         "bad-schema",
         "bad-schema-direct",
-        "tools-on-a-workflow",
+        "tools-on-a-workflow-whose-pool-takes-none",
         "tool-choice-without-tools",
         "tools-to-a-worker-without-them",
         "tool-messages-to-a-worker-without-them",
@@ -183,14 +188,3 @@ def test_langchain_with_structured_output_gets_the_model_it_asked_for(api: Api) 
 def test_langchain_json_mode_gets_a_dict(api: Api) -> None:
     structured = _langchain(api).with_structured_output(None, method="json_mode")
     assert structured.invoke("What is 6 * 7? Answer in JSON.") == JSON_ANSWER
-
-
-def test_langchain_bind_tools_on_a_workflow_is_told_to_call_a_worker(api: Api) -> None:
-    @tool
-    def multiply(a: int, b: int) -> int:
-        """Multiply two integers."""
-        return a * b
-
-    with pytest.raises(openai.BadRequestError) as refused:
-        _langchain(api).bind_tools([multiply]).invoke("What is 6 * 7?")
-    assert "tools: a Conductor workflow does not call your functions" in str(refused.value)

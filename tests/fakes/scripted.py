@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -89,12 +90,15 @@ class ScriptedWorker:
     ) -> Completion:
         """Offered tools, it calls one (the one it must, else the first; every one when a call
         is required) with arguments made from its parameters' schema, unless told not to; given
-        a tool's result, it answers with it."""
+        a tool's result (a tool turn, or a workflow's conversation that shows one), it answers
+        with it unless a call is forced."""
         self.tools_offered.append(tools)
         completion = await self.complete(messages, max_tokens=max_tokens, temperature=temperature)
-        if messages[-1].role == "tool" or tools.choice == "none":
-            if messages[-1].role == "tool":
-                text = f"{self.name} read the tool's result: {messages[-1].content}"
+        result = tool_result(messages)
+        forced = tools.choice not in ("auto", "none")
+        if messages[-1].role == "tool" or tools.choice == "none" or (result and not forced):
+            if result is not None:
+                text = f"{self.name} read the tool's result: {result}"
                 return completion.model_copy(update={"text": text})
             return completion
         if tools.choice == "required":  # every tool, in parallel
@@ -122,6 +126,18 @@ class ScriptedWorker:
 
     async def aclose(self) -> None:
         return None
+
+
+# How a workflow's question shows a tool's result (conductor_api.openai_shared.render_question).
+_TEXT_RESULT = re.compile(r"^Tool result \([^)]*\): (.*)$", re.MULTILINE)
+
+
+def tool_result(messages: Sequence[ChatMessage]) -> str | None:
+    """The last tool result the messages hold: a tool turn's, or one shown in a turn's text."""
+    if messages[-1].role == "tool":
+        return messages[-1].content
+    shown = [m for message in messages for m in _TEXT_RESULT.findall(message.content)]
+    return shown[-1] if shown else None
 
 
 EXAMPLE_VALUES: dict[str, Any] = {

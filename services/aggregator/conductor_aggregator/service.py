@@ -200,6 +200,8 @@ class Aggregator:
             created_at=run.created_at,
             answer_format=request.answer_format,
             tenant=request.tenant,
+            tools=request.tools,
+            tool_workers=self.pool.tool_workers,
         )
         if unknown:
             machine.apply(Aborted(f"workers not in the pool: {', '.join(unknown)}"))
@@ -424,6 +426,7 @@ class Aggregator:
                 ),
                 allowed_workers=action.allowed_workers,
                 tenant=action.tenant,
+                tools=action.tools,
                 expires_at=action.expires_at,
             )
             queue = queue_for(self.pool.get(action.worker))

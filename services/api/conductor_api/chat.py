@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -156,6 +156,7 @@ async def answer_chat(
         metadata=body.metadata,
         fields=CHAT_FIELDS,
         answer_format=answer_format,
+        tools=tools,
     )
     keep_limit_headers(request, started.limit_headers)
     workflow_id, timeout_s = started.workflow_id, started.timeout_s
@@ -169,7 +170,9 @@ async def answer_chat(
         service, workflow_id, caller.tenant, timeout_s, disconnected(request)
     )
     usage = openai_usage(view.usage)
-    return JSONResponse(out.whole(view.answer or "", usage, conductor_field(view)))
+    finish = "tool_calls" if view.tool_calls else "stop"
+    whole = out.whole(view.answer or "", usage, conductor_field(view), view.tool_calls, finish)
+    return JSONResponse(whole)
 
 
 async def _workflow_stream(
@@ -197,11 +200,22 @@ async def _workflow_stream(
         yield data_line(error_body(error.status, error.message, code=error.code))
         yield DONE
         return
-    yield out.delta({"content": view.answer or ""})
-    yield out.delta({}, finish="stop", conductor=conductor_field(view))
+    if view.answer or not view.tool_calls:
+        yield out.delta({"content": view.answer or ""})
+    for line in _call_deltas(out, view.tool_calls):
+        yield line
+    finish = "tool_calls" if view.tool_calls else "stop"
+    yield out.delta({}, finish=finish, conductor=conductor_field(view))
     if include_usage:
         yield out.usage(openai_usage(view.usage))
     yield DONE
+
+
+def _call_deltas(out: ChatFormat, calls: list[ToolCall]) -> Iterator[str]:
+    """Tool calls as streamed chunks: each call whole, numbered as the SDKs assemble them."""
+    if calls:
+        listed = chat_tool_calls_out(calls)
+        yield out.delta({"tool_calls": [{"index": i, **c} for i, c in enumerate(listed)]})
 
 
 async def _passthrough(
@@ -249,9 +263,8 @@ async def _passthrough_stream(
         return
     if result.text:
         yield out.delta({"content": result.text})
-    if result.tool_calls:
-        calls = chat_tool_calls_out(result.tool_calls)
-        yield out.delta({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
+    for line in _call_deltas(out, result.tool_calls):
+        yield line
     yield out.delta({}, finish=finish_reason(result), conductor=passthrough_field(result))
     if include_usage:
         yield out.usage(openai_usage(result.usage))

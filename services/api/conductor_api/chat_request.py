@@ -88,7 +88,7 @@ class ChatCompletionRequest(BaseModel):
         default=None,
         max_length=128,
         description="Function tools, passed to a worker called directly whose wire format "
-        'takes them; a workflow takes them only with tool_choice "none".',
+        "takes them, or to the step that writes a workflow's answer (on such a worker).",
     )
     tool_choice: str | dict[str, Any] | None = Field(
         default=None, description='"auto", "none", "required" or one function.'

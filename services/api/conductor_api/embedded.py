@@ -125,6 +125,7 @@ class EmbeddedRuntime:
                 created_at=now,
                 answer_format=request.answer_format,
                 tenant=request.tenant,
+                tools=request.tools,
             ),
             name=f"workflow-{workflow_id}",
         )

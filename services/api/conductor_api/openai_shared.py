@@ -21,7 +21,6 @@ from conductor_api.tools import (
     chat_tool_calls,
     describe_calls,
     refuse_for_worker,
-    refuse_for_workflow,
     takes_tools,
 )
 
@@ -91,12 +90,10 @@ def check_tools(
     messages_param: str | None = None,
 ) -> None:
     """Tools, tool calls and tool results where they have a meaning: on a direct call to a
-    worker whose wire format carries them, or (tools with tool_choice "none", and calls and
-    results as conversation) on a workflow; a 400 naming the field otherwise (a message by its
-    index, or ``messages_param`` when given)."""
+    worker whose wire format carries them, or on a workflow (whose rules check that its pool
+    has such a worker for the answering step; calls and results are its conversation); a 400
+    naming the field otherwise (a message by its index, or ``messages_param`` when given)."""
     if worker is None:
-        if tools is not None and tools.choice != "none":
-            raise refuse_for_workflow("tools")
         return
     spec = service.pool.get(worker)
     if takes_tools(spec):

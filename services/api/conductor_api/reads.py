@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Engine, RowMapping, and_, bindparam, exists, func, or_, select, update
 
 from conductor.machine import FINAL_EVENT_KINDS
-from conductor.workflow import AttemptRecord
+from conductor.workflow import AttemptRecord, answer_tool_calls
 from conductor_adapters.store.models import (
     attempt_table,
     event_table,
@@ -80,6 +80,7 @@ def _view(
     workflow: RowMapping, steps: list[RowMapping], attempts: dict[uuid.UUID, list[RowMapping]]
 ) -> WorkflowView:
     """The view of the rows as read (the view's own validation checks them)."""
+    step_views = [_step_view(s, attempts.get(s["id"], [])) for s in steps]
     return WorkflowView(
         id=workflow["id"],
         status=workflow["status"],
@@ -88,8 +89,9 @@ def _view(
         metadata=workflow["labels"],
         plan_valid=workflow["plan_valid"],
         planner_calls=workflow["planner_calls"],
-        steps=[_step_view(s, attempts.get(s["id"], [])) for s in steps],
+        steps=step_views,
         answer=workflow["answer"],
+        tool_calls=answer_tool_calls(workflow["status"], list(step_views)),
         error=_hidden(workflow["error"]),
         usage=UsageView(**_usage(workflow), total_tokens=workflow["total_tokens"]),
         cost_usd=workflow["cost_usd"],

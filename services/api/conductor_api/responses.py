@@ -10,7 +10,7 @@ conversation.
 
 A response is stored unless ``store`` is false: it can then be read back, its input items
 listed, continued, and deleted (its workflow's trace stays). Whatever Conductor cannot honour
-(tools where none may be called, files, hosted tools, background runs) is refused with a 400
+(files, hosted tools, background runs) is refused with a 400
 naming the field, never dropped (``responses_request``, ``request_policy``); the fields the
 SDKs and Codex CLI send that do not change the answer are accepted. The response object is
 built in ``responses_objects``, the streamed events in ``responses_events``, stored responses
@@ -153,7 +153,8 @@ async def _workflow_stream(
     if view.status != "completed":
         yield events.failed(final, final["status"], workflow_failed(view).message)
         return
-    for line in events.answered(stored, view.answer or "", final):
+    calls = [call.model_dump() for call in view.tool_calls]
+    for line in events.answered(stored, view.answer or "", final, calls):
         yield line
 
 
@@ -243,6 +244,7 @@ async def create_response(
         metadata=stored.labels,
         fields=RESPONSE_FIELDS,
         answer_format=answer_format,
+        tools=tools,
     )
     keep_limit_headers(request, started.limit_headers)
     workflow_id, timeout_s = started.workflow_id, started.timeout_s

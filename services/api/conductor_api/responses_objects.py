@@ -168,6 +168,7 @@ def workflow_object(stored: StoredResponse, view: WorkflowView) -> dict[str, Any
         conductor=conductor_field(view),
         error=workflow_failed(view).message if view.status in ("failed", "cancelled") else None,
         completed_at=view.finished_at if completed else None,
+        tool_calls=[call.model_dump() for call in view.tool_calls],
     )
 
 

@@ -5,6 +5,7 @@ conversation a response continues with ``previous_response_id``."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from conductor_adapters.store.responses import StoredResponse, load_response
 from conductor_api.errors import ApiError, not_found
@@ -38,14 +39,19 @@ async def stored_response(
     return found
 
 
-async def answer_of(service: WorkflowService, stored: StoredResponse) -> tuple[str | None, str]:
-    """A stored response's answer (None while it has none) and its status."""
+async def answer_of(
+    service: WorkflowService, stored: StoredResponse
+) -> tuple[str | None, str, list[dict[str, Any]]]:
+    """A stored response's answer (None while it has none), its status, and the function
+    calls it asked for."""
     if stored.workflow_id is None:
-        return (stored.output or {}).get("text"), "completed"
+        output = stored.output or {}
+        return output.get("text"), "completed", output.get("tool_calls") or []
     view = await asyncio.to_thread(load_workflow, service.engine, stored.workflow_id, stored.tenant)
     if view is None:
-        return None, "failed"
-    return view.answer if view.status == "completed" else None, STATUS[view.status]
+        return None, "failed", []
+    calls = [call.model_dump() for call in view.tool_calls]
+    return view.answer if view.status == "completed" else None, STATUS[view.status], calls
 
 
 async def continued(
@@ -53,7 +59,7 @@ async def continued(
 ) -> list[dict[str, str]]:
     """The conversation a response continues: the earlier one's, its input and its answer."""
     previous = await stored_response(service, previous_id, tenant, param="previous_response_id")
-    answer, status = await answer_of(service, previous)
+    answer, status, calls = await answer_of(service, previous)
     if status in ("queued", "in_progress"):
         raise ApiError(
             400,
@@ -63,7 +69,6 @@ async def continued(
             param="previous_response_id",
         )
     history = previous.history + turns(previous.input_items)
-    calls = (previous.output or {}).get("tool_calls") or []
     if answer is not None or calls:
         history += turns(output_items(previous, answer or "", calls))
     return history

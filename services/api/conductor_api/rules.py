@@ -11,12 +11,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from conductor.answer_format import AnswerFormat
+from conductor.chat import ToolUse
 from conductor.errors import InvalidRequest
 from conductor.orchestration import check_question, check_text
 from conductor.variants import MAX_STEPS_LIMIT, Variant, get_variant
 from conductor_adapters.store.keys import KeyLimits
 from conductor_adapters.store.runs import SubmitRequest
 from conductor_api.schemas import MAX_LABEL_VALUE_CHARS, MAX_LABELS, MAX_NAME_CHARS
+from conductor_api.tools import TOOL_WORKERS
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ def request_hash(
     metadata: Mapping[str, str] | None,
     callback_url: str | None,
     answer_format: AnswerFormat | None,
+    tools: ToolUse | None = None,
 ) -> str:
     """The SHA-256 an Idempotency-Key is kept with: of the request as asked (the job API's
     body, hashed as it always was), not as checked, so a retry after the pool or a variant
@@ -100,6 +103,8 @@ def request_hash(
     }
     if answer_format is not None:
         asked["answer_format"] = answer_format.model_dump(mode="json")
+    if tools is not None:
+        asked["tools"] = tools.model_dump(mode="json")
     return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()
 
 
@@ -118,11 +123,17 @@ class Rules:
     variants (``default_variant`` when a request names none)."""
 
     def __init__(
-        self, worker_names: Sequence[str], variants: Mapping[str, Variant], default_variant: str
+        self,
+        worker_names: Sequence[str],
+        variants: Mapping[str, Variant],
+        default_variant: str,
+        tool_workers: Sequence[str] = (),
     ) -> None:
         self.worker_names = list(worker_names)
         self.variants = dict(variants)
         self.default_variant = default_variant
+        # Workers whose wire format carries tools: a workflow offered tools needs one.
+        self.tool_workers = [n for n in self.worker_names if n in set(tool_workers)]
 
     def variant_for(
         self,
@@ -201,6 +212,7 @@ class Rules:
         metadata: Mapping[str, str] | None = None,
         fields: SubmitFields = JOB_FIELDS,
         answer_format: AnswerFormat | None = None,
+        tools: ToolUse | None = None,
     ) -> SubmitRequest:
         """A request checked against every rule before anything is recorded: the question,
         the variant, max_steps, the labels, and the pool against the pool and the caller's
@@ -212,12 +224,29 @@ class Rules:
             raise InvalidRequest(f"{fields.question}: {exc}", param=fields.question) from None
         labels = dict(metadata or {})
         check_labels(labels, fields.labels)
+        resolved = self.resolve_pool(caller, pool, fields)
+        if tools is not None and tools.choice == "none":
+            tools = None  # nothing may be called: the workflow runs as without tools
+        if tools is not None:
+            self._check_tool_workers(resolved)
         return SubmitRequest(
             question=question,
             variant=self.variant_for(variant, max_steps, cost_weight, fields),
-            pool=self.resolve_pool(caller, pool, fields),
+            pool=resolved,
             tenant=caller.tenant,
             metadata=labels,
             answer_format=answer_format,
+            tools=tools,
             key_id=caller.key_id,
         )
+
+    def _check_tool_workers(self, pool: Sequence[str] | None) -> None:
+        """A workflow offered tools runs its answering step on a worker whose wire format
+        carries them: its pool must have one."""
+        names = self.worker_names if pool is None else pool
+        if not any(n in self.tool_workers for n in names):
+            raise InvalidRequest(
+                f"tools: no worker of this workflow's pool ({', '.join(names) or 'none'}) "
+                f"takes tools; function calling goes to workers of providers {TOOL_WORKERS}",
+                param="tools",
+            )

@@ -20,6 +20,7 @@ from pydantic import (
     field_validator,
 )
 
+from conductor.chat import ToolCall
 from conductor.orchestration import MAX_QUESTION_CHARS, text_fault
 from conductor.variants import MAX_STEPS_LIMIT
 from conductor.workflow import AttemptRecord, PlanOutcome, StepRecord
@@ -193,6 +194,9 @@ class WorkflowView(BaseModel):
     planner_calls: list[PlanOutcome]
     steps: list[StepView]
     answer: str | None
+    # The client's functions the answer asks to call (a workflow offered tools): the
+    # client runs them and sends their results in its next request. Empty: a text answer.
+    tool_calls: list[ToolCall] = Field(default_factory=list)
     error: str | None
     usage: UsageView
     cost_usd: float

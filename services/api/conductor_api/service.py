@@ -90,7 +90,9 @@ class WorkflowService:
         self.runtime = runtime
         self.engine = runtime.engine
         self.pool = runtime.pool
-        self.rules = Rules(runtime.worker_names, variants, default_variant)
+        self.rules = Rules(
+            runtime.worker_names, variants, default_variant, runtime.pool.tool_workers
+        )
         self.limiter = limiter or KeyLimiter(self.engine)  # in memory: this process's requests
         self.metrics = metrics or ApiMetrics()
         self.keys = CachedKeys(self.engine)
@@ -156,6 +158,7 @@ class WorkflowService:
         metadata: Mapping[str, str] | None = None,
         fields: SubmitFields = JOB_FIELDS,
         answer_format: AnswerFormat | None = None,
+        tools: ToolUse | None = None,
         callback_url: str | None = None,
         idempotency_key: str | None = None,
     ) -> Started:
@@ -173,6 +176,7 @@ class WorkflowService:
             metadata=metadata,
             fields=fields,
             answer_format=answer_format,
+            tools=tools,
         )
         if callback_url is not None:
             check_url(callback_url, "callback_url")
@@ -201,6 +205,7 @@ class WorkflowService:
                 metadata,
                 callback_url,
                 answer_format,
+                tools,
             )
             keyed = submission.model_copy(
                 update={"idempotency_key": idempotency_key, "request_hash": digest}

@@ -1,11 +1,11 @@
 """Function calling on the OpenAI-compatible surfaces: the tools a client offers, the calls a
 worker asks for, and their results, read from the Chat Completions and Responses wire forms.
 
-Tools reach a worker only on a direct call (model = a worker's name) to a worker whose wire
-format carries them (``TOOL_CALLING_PROVIDERS``): the worker's calls go back to the client,
-which runs them and sends their results in the next request. A workflow calls no client
-function: its tools are accepted only with ``tool_choice: "none"`` (nothing may be called);
-tool calls and results in its conversation are read as part of the conversation.
+Tools reach a worker whose wire format carries them (``TOOL_CALLING_PROVIDERS``): on a direct
+call (model = a worker's name), that worker; on a workflow, the step that writes its answer
+(the machine puts it on such a worker). The worker's calls go back to the client, which runs
+them and sends their results in its next request; a workflow reads the tool calls and results
+of its conversation as part of the conversation.
 """
 
 from __future__ import annotations
@@ -110,14 +110,6 @@ def refuse_for_worker(spec: WorkerSpec, param: str) -> ApiError:
         param,
         f"worker {spec.name!r} ({spec.provider.value}) is not called with tools: function "
         f"calling goes to workers of providers {TOOL_WORKERS}",
-    )
-
-
-def refuse_for_workflow(param: str) -> ApiError:
-    return unsupported(
-        param,
-        "a Conductor workflow does not call your functions: call a worker directly (model = "
-        'its name) for function calling, or send tool_choice "none"',
     )
 
 

@@ -213,6 +213,12 @@ class StepRow(DbModel, table=True):
     visible_steps: list[int] = Field(default_factory=list, sa_column=_json_column())
     status: str
     output: str | None = Field(default=None, sa_type=SafeText)
+    # The client's functions the step asked to call instead of answering ({id, name,
+    # arguments} each): only a workflow's answering step, offered tools, has any.
+    tool_calls: list[dict[str, Any]] = Field(
+        default_factory=list,
+        sa_column=Column(JSON_TYPE, nullable=False, default=list, server_default=text("'[]'")),
+    )
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0

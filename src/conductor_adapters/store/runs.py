@@ -21,6 +21,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 from sqlalchemy import Connection, Engine, Select, bindparam, insert, select, update
 
 from conductor.answer_format import AnswerFormat
+from conductor.chat import ToolUse
 from conductor.machine import WorkflowMachine, WorkflowState, utcnow
 from conductor.messaging import AGGREGATOR_QUEUE, CANCEL_WORKFLOW_TASK, START_WORKFLOW_TASK
 from conductor.orchestration import check_question
@@ -45,6 +46,8 @@ class SubmitRequest(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     # The form the answer must take (response_format); None: any text.
     answer_format: AnswerFormat | None = None
+    # The client's functions, offered to the step that writes the answer; None: no tools.
+    tools: ToolUse | None = None
     # The API key that submitted it, whose limits count it; None: none did.
     key_id: str | None = None
     # Where its outcome is delivered (a webhook signed with its key's secret); None: the

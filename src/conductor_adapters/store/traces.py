@@ -115,6 +115,7 @@ def _step_row(step: StepRecord, secrets: list[str], status: StepStatus | None = 
         "visible_steps": list(step.visible_steps),
         "status": (status or step.status).value,
         "output": step.output,
+        "tool_calls": [call.model_dump() for call in step.tool_calls],
         "prompt_tokens": step.usage.prompt_tokens,
         "completion_tokens": step.usage.completion_tokens,
         "cached_tokens": step.usage.cached_tokens,
