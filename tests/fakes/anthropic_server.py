@@ -6,12 +6,14 @@ model, content blocks, stop_reason, stop_sequence, usage with ``cache_creation_i
 content_block_start, ping, content_block_delta, content_block_stop, message_delta, message_stop,
 error); errors use /en/api/errors ``{"type": "error", "error": {"type", "message"}}``; tools,
 ``tool_choice``, ``tool_use`` and ``tool_result`` blocks follow /en/docs/agents-and-tools/tool-use;
-``image`` blocks follow /en/docs/build-with-claude/vision.
+``image`` blocks follow /en/docs/build-with-claude/vision; JSON outputs (``output_config.format``)
+follow /en/docs/build-with-claude/structured-outputs.
 
 The default answer checks what the real API checks and an adapter could get wrong (headers,
 required fields, turns that alternate starting with the user, temperature within 0..1, tool
 definitions and choice, each turn of calls answered by results that open the next user turn,
-image sources of a known type and media type), so a test against the fake fails where the
+image sources of a known type and media type, an output format's schema with every object
+closed and no constraint the API cannot enforce), so a test against the fake fails where the
 vendor would refuse the request.
 """
 
@@ -26,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fakes.http_server import RecordedRequest, ScriptedResponse, ScriptedServer
+from fakes.json_answer import PROSE, schema_instance
 from fakes.openai_server import count_tokens
 
 MESSAGES_PATH = "/v1/messages"
@@ -198,12 +201,20 @@ class FakeAnthropicServer(ScriptedServer):
 
     Usage in the default answer counts about four characters a token plus four per message
     (the system prompt included), like the OpenAI fake; ``latency_s`` delays every default
-    answer; ``stream: true`` requests get an event stream.
+    answer; ``stream: true`` requests get an event stream. A request with
+    ``output_config.format`` is answered with JSON that follows its schema; with
+    ``prose_unless_asked_natively`` set (a model that ignores JSON instructions in the prompt),
+    any other request is answered with prose.
     """
 
     def __init__(self, latency_s: float = 0.0) -> None:
         super().__init__()
         self.latency_s = latency_s
+        self.prose_unless_asked_natively = False
+
+    def reset(self) -> None:
+        super().reset()
+        self.prose_unless_asked_natively = False
 
     @property
     def base_url(self) -> str:
@@ -229,6 +240,11 @@ class FakeAnthropicServer(ScriptedServer):
         messages: list[dict[str, Any]] = body["messages"]
         last_user = next(m for m in reversed(messages) if m["role"] == "user")
         text = f"echo: {content_text(last_user.get('content'))}"
+        output_format = (body.get("output_config") or {}).get("format")
+        if output_format is not None:
+            text = json.dumps(schema_instance(output_format["schema"]))
+        elif self.prose_unless_asked_natively:
+            text = PROSE
         texts = [content_text(m.get("content")) for m in messages]
         if isinstance(body.get("system"), str):
             texts.append(body["system"])
@@ -272,7 +288,74 @@ def _check_body(body: Any) -> str | None:
     temperature = body.get("temperature", 1.0)
     if not isinstance(temperature, int | float) or not 0 <= temperature <= 1:
         return "temperature: range: 0..1"
-    return _check_tools(body) or _check_blocks(messages, tools="tools" in body)
+    return (
+        _check_tools(body)
+        or _check_blocks(messages, tools="tools" in body)
+        or _check_output_config(body)
+    )
+
+
+def _check_output_config(body: dict[str, Any]) -> str | None:
+    """``output_config.format``: a json_schema format whose schema the API can enforce, and no
+    prefilled answer (the structured-outputs docs: incompatible with JSON outputs)."""
+    config = body.get("output_config")
+    if config is None:
+        return None
+    if not isinstance(config, dict):
+        return "output_config: Input should be a valid dictionary"
+    for extra in sorted(set(config) - {"format", "effort"}):
+        return f"output_config.{extra}: Extra inputs are not permitted"
+    output_format = config.get("format")
+    if output_format is None:
+        return None
+    if not isinstance(output_format, dict) or output_format.get("type") != "json_schema":
+        return "output_config.format.type: Input should be 'json_schema'"
+    for extra in sorted(set(output_format) - {"type", "schema"}):
+        return f"output_config.format.{extra}: Extra inputs are not permitted"
+    if not isinstance(output_format.get("schema"), dict):
+        return "output_config.format.schema: Field required"
+    if body["messages"][-1]["role"] == "assistant":
+        return "Prefilling the assistant's answer is not supported with structured outputs"
+    return _check_schema(output_format["schema"], "output_config.format.schema")
+
+
+# Keywords the docs list as not supported ("JSON Schema limitations"); minItems only 0 or 1.
+_UNSUPPORTED_KEYWORDS = (
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "minLength",
+    "maxLength",
+    "maxItems",
+)
+
+
+def _check_schema(schema: Any, where: str) -> str | None:
+    """Objects must set ``additionalProperties: false``; constraints it cannot enforce are
+    refused (subschemas under properties, $defs, items and the *Of lists are checked too)."""
+    if not isinstance(schema, dict):
+        return None
+    kind = schema.get("type")
+    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind)
+    if (is_object or "properties" in schema) and schema.get("additionalProperties") is not False:
+        return f"{where}: For 'object' type, 'additionalProperties' must be explicitly set to false"
+    for keyword in _UNSUPPORTED_KEYWORDS:
+        if keyword in schema:
+            return f"{where}: '{keyword}' is not supported"
+    if schema.get("minItems", 0) not in (0, 1):
+        return f"{where}: 'minItems' values other than 0 or 1 are not supported"
+    subschemas: list[tuple[str, Any]] = [("items", schema.get("items"))]
+    for key in ("properties", "$defs", "definitions"):
+        subschemas += [(f"{key}.{name}", sub) for name, sub in (schema.get(key) or {}).items()]
+    for key in ("anyOf", "allOf", "oneOf"):
+        subschemas += [(f"{key}.{n}", sub) for n, sub in enumerate(schema.get(key) or [])]
+    for path, sub in subschemas:
+        problem = _check_schema(sub, f"{where}.{path}")
+        if problem is not None:
+            return problem
+    return None
 
 
 _TOOL_FIELDS = frozenset({"type", "name", "description", "input_schema", "cache_control"})

@@ -11,6 +11,8 @@ answers and ``functionResponse`` parts in requests. Images follow
 https://ai.google.dev/gemini-api/docs/image-understanding (``inlineData`` of PNG, JPEG, WEBP,
 HEIC or HEIF as base64) and https://ai.google.dev/gemini-api/docs/file-input-methods
 (``fileData`` naming an https URL Gemini fetches: PNG, JPEG, WEBP or BMP, not for Gemini 2.0).
+JSON answers follow https://ai.google.dev/gemini-api/docs/structured-output
+(``generationConfig.responseMimeType`` "application/json", ``responseJsonSchema`` with it).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fakes.http_server import RecordedRequest, ScriptedResponse, ScriptedServer
+from fakes.json_answer import PROSE, schema_instance
 
 MODEL_VERSION = "gemini-2.5-flash-fake"
 _ROUTE = re.compile(
@@ -35,6 +38,7 @@ INLINE_IMAGE_TYPES = frozenset(
     {"image/png", "image/jpeg", "image/webp", "image/heic", "image/heif"}
 )
 FETCHED_IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/bmp"})
+RESPONSE_MIME_TYPES = frozenset({"text/plain", "application/json", "text/x.enum"})
 
 
 def count_tokens(text: str) -> int:
@@ -185,8 +189,17 @@ def called(*calls: Mapping[str, Any], text: str | None = None, **fields: Any) ->
 
 
 def request_problem(body: dict[str, Any], model: str = "") -> str | None:
-    """What Google's 400 INVALID_ARGUMENT would say of a request's function-calling fields or
-    image parts (``model`` is the one called); None when they are well formed."""
+    """What Google's 400 INVALID_ARGUMENT would say of a request's function-calling fields,
+    image parts or response format (``model`` is the one called); None when they are well
+    formed."""
+    config = body.get("generationConfig", {})
+    mime_type = config.get("responseMimeType", "text/plain")
+    if mime_type not in RESPONSE_MIME_TYPES:
+        return f"* generation_config.response_mime_type: unsupported mime type {mime_type!r}"
+    if "responseSchema" in config and "responseJsonSchema" in config:
+        return "* generation_config: response_schema and response_json_schema are exclusive"
+    if "responseJsonSchema" in config and mime_type == "text/plain":
+        return "* generation_config.response_mime_type: required with response_json_schema"
     declared = [d for tool in body.get("tools", []) for d in tool.get("functionDeclarations", [])]
     for i, declaration in enumerate(declared):
         if not isinstance(declaration.get("name"), str):
@@ -280,15 +293,23 @@ class FakeGeminiServer(ScriptedServer):
 
     Requests are checked as Google checks them: a missing ``x-goog-api-key`` is 403
     PERMISSION_DENIED, a body without a ``contents`` list or with ill-formed function-calling
-    fields or image parts 400 INVALID_ARGUMENT, an unknown route 404 NOT_FOUND. Usage counts
-    about four characters a token plus four per content. With ``functionCallingConfig.mode`` ANY the
-    answer is a call, without arguments, to the first function allowed. ``latency_s`` delays
-    every default answer.
+    fields, image parts or response format 400 INVALID_ARGUMENT, an unknown route 404
+    NOT_FOUND. Usage counts about four characters a token plus four per content. With
+    ``functionCallingConfig.mode`` ANY the answer is a call, without arguments, to the first
+    function allowed. A request whose ``responseMimeType`` is "application/json" is answered
+    with JSON that follows its ``responseJsonSchema`` (``{"answer": ...}`` without one); with
+    ``prose_unless_asked_natively`` set (a model that ignores JSON instructions in the prompt),
+    any other request is answered with prose. ``latency_s`` delays every default answer.
     """
 
     def __init__(self, latency_s: float = 0.0) -> None:
         super().__init__()
         self.latency_s = latency_s
+        self.prose_unless_asked_natively = False
+
+    def reset(self) -> None:
+        super().reset()
+        self.prose_unless_asked_natively = False
 
     @property
     def base_url(self) -> str:
@@ -320,6 +341,13 @@ class FakeGeminiServer(ScriptedServer):
             None,
         )
         answer = f"echo: {content_text(last_user)}"
+        config = body.get("generationConfig", {})
+        if config.get("responseMimeType") == "application/json":
+            schema = config.get("responseJsonSchema")
+            value = {"answer": answer} if schema is None else schema_instance(schema)
+            answer = json.dumps(value)
+        elif self.prose_unless_asked_natively:
+            answer = PROSE
         prompt = sum(count_tokens(content_text(c)) + 4 for c in contents)
         if "systemInstruction" in body:
             prompt += count_tokens(content_text(body["systemInstruction"])) + 4

@@ -10,6 +10,7 @@ from typing import Any, Literal
 import httpx
 import pytest
 
+from conductor.answer_format import AnswerFormat, AnswerFormatError
 from conductor.chat import ChatMessage, Completion, ImagePart, ToolCall, ToolSpec, ToolUse
 from conductor.errors import (
     ConfigurationError,
@@ -23,7 +24,7 @@ from conductor.errors import (
     WorkerUnavailable,
 )
 from conductor.pool import Provider, WorkerSpec
-from conductor.ports import ChatWorker, ToolCallingWorker
+from conductor.ports import ChatWorker, FormattedAnswerWorker, ToolCallingWorker
 from conductor.streaming import StreamEnd, StreamEvent, TextDelta, collect_stream
 from conductor_gateway.providers.anthropic import AnthropicWorker
 from conductor_gateway.retry import RetryPolicy
@@ -893,6 +894,266 @@ async def test_stream_refused_with_a_status_raises_before_any_event(
     assert caught.value.retry_after_s == 2.0
 
 
+# -- structured outputs ----------------------------------------------------------------------
+
+# A schema as clients write it (Pydantic's, say): objects not closed, bounds the API refuses.
+FORECAST: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "minLength": 1},
+        "days": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 7,
+            "items": {
+                "type": "object",
+                "properties": {"high": {"type": "number", "maximum": 60}},
+                "required": ["high"],
+            },
+        },
+        "sky": {"oneOf": [{"type": "string", "enum": ["clear", "cloudy"]}, {"type": "null"}]},
+    },
+    "required": ["city", "days"],
+}
+# What reaches Anthropic: every object closed, the bounds left out, oneOf as anyOf.
+FORECAST_SENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "days": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "properties": {"high": {"type": "number"}},
+                "required": ["high"],
+                "additionalProperties": False,
+            },
+        },
+        "sky": {"anyOf": [{"type": "string", "enum": ["clear", "cloudy"]}, {"type": "null"}]},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+IN_SCHEMA = AnswerFormat(type="json_schema", name="forecast", json_schema=FORECAST)
+AN_OBJECT = AnswerFormat(type="json_object")
+
+
+def told(answer_format: AnswerFormat) -> list[ChatMessage]:
+    """QUESTION with the answer format's instruction, as the caller writes it into the prompt."""
+    return [*QUESTION, ChatMessage(role="system", content=answer_format.instruction())]
+
+
+async def call_in_format(
+    worker: AnthropicWorker,
+    answer_format: AnswerFormat = IN_SCHEMA,
+    messages: list[ChatMessage] | None = None,
+) -> Completion:
+    return await worker.complete_in_format(
+        told(answer_format) if messages is None else messages,
+        answer_format,
+        max_tokens=64,
+        temperature=0.5,
+    )
+
+
+async def test_a_schema_goes_as_output_config_format_closed_and_without_unenforced_bounds(
+    fake: FakeAnthropicServer, worker: AnthropicWorker
+) -> None:
+    # Given a schema the API would refuse as it is (objects open, bounds it cannot enforce)
+
+    # When the worker is asked for an answer in it
+    result = await call_in_format(worker)
+
+    # Then it goes as output_config.format (GA: no beta header, not the beta's output_format),
+    # made into one the API takes, and the fake (which refuses what the API refuses) answers
+    # with JSON that follows the client's own schema
+    assert isinstance(worker, FormattedAnswerWorker)
+    sent = fake.last_request
+    assert sent.json["output_config"] == {
+        "format": {"type": "json_schema", "schema": FORECAST_SENT}
+    }
+    assert "output_format" not in sent.json
+    assert "anthropic-beta" not in sent.headers
+    assert "stream" not in sent.json
+    assert json.loads(IN_SCHEMA.conform(result.text)) == json.loads(result.text)
+
+
+async def test_the_clients_schema_is_left_as_it_was(worker: AnthropicWorker) -> None:
+    before = json.dumps(FORECAST, sort_keys=True)
+
+    await call_in_format(worker)
+
+    assert json.dumps(FORECAST, sort_keys=True) == before
+
+
+async def test_a_json_object_is_asked_in_the_prompt_only(
+    fake: FakeAnthropicServer, worker: AnthropicWorker
+) -> None:
+    # Given an answer that must be any JSON object: Anthropic has no JSON mode, and a schema of
+    # {"type": "object"} is refused (objects must set additionalProperties false, which would
+    # leave only {})
+
+    # When the worker is asked for one
+    await call_in_format(worker, AN_OBJECT)
+
+    # Then the request is the plain one: the prompt's instruction asks for the object
+    assert "output_config" not in fake.last_request.json
+    await worker.complete(told(AN_OBJECT), max_tokens=64, temperature=0.5)
+    assert fake.requests[-2].json == fake.last_request.json
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        pytest.param({"type": "object"}, id="any-object"),
+        pytest.param(
+            {
+                "type": "object",
+                "properties": {
+                    "tags": {"type": "object", "additionalProperties": {"type": "string"}}
+                },
+            },
+            id="a-map-inside",
+        ),
+        pytest.param(
+            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a", "b"]},
+            id="requires-an-unlisted-key",
+        ),
+        pytest.param(
+            {
+                "type": "object",
+                "properties": {"a": {"type": "string"}},
+                "patternProperties": {"^x-": {"type": "string"}},
+            },
+            id="pattern-properties",
+        ),
+        pytest.param(
+            {
+                "type": "object",
+                "properties": {"root": {"$ref": "#/$defs/node"}},
+                "$defs": {
+                    "node": {
+                        "type": "object",
+                        "properties": {
+                            "children": {"type": "array", "items": {"$ref": "#/$defs/node"}}
+                        },
+                    }
+                },
+            },
+            id="recursive",
+        ),
+        pytest.param(
+            {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}},
+            id="external-ref",
+        ),
+        pytest.param(
+            {"type": "object", "properties": {"a": {"not": {"type": "null"}}}},
+            id="not",
+        ),
+    ],
+)
+async def test_a_schema_with_no_strict_form_is_asked_in_the_prompt_only(
+    fake: FakeAnthropicServer, worker: AnthropicWorker, schema: dict[str, Any]
+) -> None:
+    # Given a schema that closing every object would change (or that the API refuses whole)
+    answer_format = AnswerFormat(type="json_schema", json_schema=schema)
+
+    # When the worker is asked for an answer in it
+    result = await call_in_format(worker, answer_format)
+
+    # Then nothing goes natively (the call is not failed by a 400 it could not avoid)
+    assert "output_config" not in fake.last_request.json
+    assert result.text.startswith("echo: ")
+
+
+async def test_objects_that_allow_more_keys_are_closed_and_shared_definitions_are_followed(
+    fake: FakeAnthropicServer, worker: AnthropicWorker
+) -> None:
+    # Given objects with listed properties that allow others, and a $ref that is not recursive
+    schema = {
+        "type": "object",
+        "properties": {"home": {"$ref": "#/$defs/place"}, "work": {"$ref": "#/$defs/place"}},
+        "additionalProperties": True,
+        "$defs": {
+            "place": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "additionalProperties": {"type": "string"},
+            }
+        },
+    }
+
+    # When the worker is asked for an answer in it
+    result = await call_in_format(worker, AnswerFormat(type="json_schema", json_schema=schema))
+
+    # Then they go closed (the answers that fit still follow the client's schema)
+    sent = fake.last_request.json["output_config"]["format"]["schema"]
+    assert sent["additionalProperties"] is False
+    assert sent["$defs"]["place"]["additionalProperties"] is False
+    assert sent["properties"] == schema["properties"]
+    assert json.loads(result.text) == {"home": {"city": "x"}, "work": {"city": "x"}}
+
+
+@pytest.mark.parametrize(
+    ("model", "native"),
+    [
+        ("claude-haiku-4-5", True),
+        ("claude-sonnet-4-5-20250929", True),
+        ("claude-opus-4-6", True),
+        ("claude-3-5-haiku-20241022", False),
+        ("claude-3-7-sonnet-latest", False),
+        ("claude-sonnet-4-20250514", False),
+        ("claude-opus-4-1", False),
+    ],
+)
+async def test_models_older_than_structured_outputs_are_asked_in_the_prompt_only(
+    fake: FakeAnthropicServer, model: str, native: bool
+) -> None:
+    adapter = AnthropicWorker.from_spec(spec(fake.base_url, model=model), environ={KEY_ENV: KEY})
+    try:
+        await call_in_format(adapter)
+    finally:
+        await adapter.aclose()
+
+    assert ("output_config" in fake.last_request.json) is native
+
+
+async def test_a_prefilled_answer_is_asked_in_the_prompt_only(
+    fake: FakeAnthropicServer, worker: AnthropicWorker
+) -> None:
+    # Given a conversation that ends with the start of the assistant's answer (a prefill, which
+    # the API refuses together with JSON outputs)
+    messages = [*told(IN_SCHEMA), ChatMessage(role="assistant", content='{"city":')]
+
+    # When the worker is asked for an answer in the schema
+    await call_in_format(worker, messages=messages)
+
+    # Then no output_config goes, and the fake (which refuses the pair) answers
+    sent = fake.last_request.json
+    assert "output_config" not in sent
+    assert sent["messages"][-1] == {"role": "assistant", "content": '{"city":'}
+
+
+async def test_a_model_that_ignores_the_prompts_instruction_answers_json_when_asked_natively(
+    fake: FakeAnthropicServer, worker: AnthropicWorker
+) -> None:
+    # Given a model that answers in prose whatever the prompt says, unless the request asks for
+    # JSON natively
+    fake.prose_unless_asked_natively = True
+    messages = told(IN_SCHEMA)
+
+    # When it is called plainly, then in the schema
+    plain = await call(worker, messages)
+    formatted = await call_in_format(worker, messages=messages)
+
+    # Then the plain answer cannot be made JSON, and the one asked natively follows the schema
+    with pytest.raises(AnswerFormatError):
+        IN_SCHEMA.conform(plain.text)
+    answer = json.loads(IN_SCHEMA.conform(formatted.text))
+    assert set(answer) == {"city", "days", "sky"}
+
+
 # -- configuration and secrets --------------------------------------------------------------
 
 
@@ -981,6 +1242,17 @@ def _with_choice(**choice: Any) -> dict[str, Any]:
     return {**TOOL_BODY, "tool_choice": choice}
 
 
+CLOSED: dict[str, Any] = {
+    "type": "object",
+    "properties": {"a": {"type": "string"}},
+    "additionalProperties": False,
+}
+
+
+def _formatted(schema: dict[str, Any]) -> dict[str, Any]:
+    return {**GOOD_BODY, "output_config": {"format": {"type": "json_schema", "schema": schema}}}
+
+
 IMAGE: dict[str, Any] = png_block()
 ASK: dict[str, Any] = {"type": "text", "text": "What is this?"}
 
@@ -1061,6 +1333,35 @@ def _showing(**source: Any) -> dict[str, Any]:
         (  # an image before the results
             GOOD_HEADERS,
             _with_turn(2, [IMAGE, RESULT, ASK]),
+            400,
+            "invalid_request_error",
+        ),
+        (GOOD_HEADERS, _formatted(CLOSED), 200, "message"),
+        (GOOD_HEADERS, _formatted({"type": "object"}), 400, "invalid_request_error"),
+        (  # an object inside left open
+            GOOD_HEADERS,
+            _formatted(CLOSED | {"properties": {"a": {"type": "object", "properties": {}}}}),
+            400,
+            "invalid_request_error",
+        ),
+        (  # a bound the API cannot enforce
+            GOOD_HEADERS,
+            _formatted(CLOSED | {"properties": {"a": {"type": "string", "maxLength": 9}}}),
+            400,
+            "invalid_request_error",
+        ),
+        (  # a prefilled answer
+            GOOD_HEADERS,
+            {
+                **_formatted(CLOSED),
+                "messages": [*GOOD_BODY["messages"], {"role": "assistant", "content": "{"}],
+            },
+            400,
+            "invalid_request_error",
+        ),
+        (  # the format's type is json_schema
+            GOOD_HEADERS,
+            {**GOOD_BODY, "output_config": {"format": {"type": "json_object"}}},
             400,
             "invalid_request_error",
         ),

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from conductor.answer_format import AnswerFormat, AnswerFormatError
 from conductor.chat import ChatMessage, Completion, ImagePart, ToolCall, ToolSpec, ToolUse
 from conductor.errors import (
     ConfigurationError,
@@ -22,7 +23,7 @@ from conductor.errors import (
     WorkerUnavailable,
 )
 from conductor.pool import Provider, WorkerSpec
-from conductor.ports import ChatWorker, ToolCallingWorker
+from conductor.ports import ChatWorker, FormattedAnswerWorker, ToolCallingWorker
 from conductor.streaming import StreamEnd, TextDelta, collect_stream
 from conductor_gateway.providers.gemini import GeminiWorker
 
@@ -808,6 +809,121 @@ async def test_a_malformed_function_call_is_a_malformed_response(
 
 def test_the_worker_takes_tools(worker: GeminiWorker) -> None:
     assert isinstance(worker, ToolCallingWorker)  # the gateway sends tools to such workers
+
+
+# -- structured output ------------------------------------------------------------------------
+
+# JSON Schema as clients write it, with keywords Gemini's OpenAPI-style responseSchema refuses.
+FORECAST: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "high": {"type": ["number", "null"], "minimum": -90},
+        "sky": {"anyOf": [{"type": "string", "enum": ["clear", "cloudy"]}, {"type": "null"}]},
+    },
+    "required": ["city", "high"],
+    "additionalProperties": False,
+}
+IN_SCHEMA = AnswerFormat(type="json_schema", name="forecast", json_schema=FORECAST)
+AN_OBJECT = AnswerFormat(type="json_object")
+
+
+def told(answer_format: AnswerFormat) -> list[ChatMessage]:
+    """QUESTION with the answer format's instruction, as the caller writes it into the prompt."""
+    return [*QUESTION, ChatMessage(role="system", content=answer_format.instruction())]
+
+
+async def call_in_format(worker: GeminiWorker, answer_format: AnswerFormat) -> Completion:
+    return await worker.complete_in_format(
+        told(answer_format), answer_format, max_tokens=64, temperature=0.5
+    )
+
+
+@pytest.mark.parametrize(
+    ("answer_format", "config"),
+    [
+        (AN_OBJECT, {"responseMimeType": "application/json"}),
+        (
+            IN_SCHEMA,
+            {"responseMimeType": "application/json", "responseJsonSchema": FORECAST},
+        ),
+    ],
+    ids=["json_object", "json_schema"],
+)
+async def test_a_json_answer_goes_as_the_response_mime_type_and_json_schema(
+    fake: FakeGeminiServer,
+    worker: GeminiWorker,
+    answer_format: AnswerFormat,
+    config: dict[str, Any],
+) -> None:
+    # When the worker is asked for an answer in a format
+    result = await call_in_format(worker, answer_format)
+
+    # Then generationConfig carries it beside the sampling fields (the schema whole, in the
+    # JSON Schema field: no responseSchema), and the fake answers with JSON that follows it
+    assert isinstance(worker, FormattedAnswerWorker)
+    sent = fake.last_request
+    assert sent.path == "/v1beta/models/gemini-2.5-flash:generateContent"
+    assert sent.json["generationConfig"] == {"maxOutputTokens": 64, "temperature": 0.5} | config
+    assert "responseSchema" not in sent.json["generationConfig"]
+    assert json.loads(answer_format.conform(result.text)) == json.loads(result.text)
+
+
+async def test_a_model_that_ignores_the_prompts_instruction_answers_json_when_asked_natively(
+    fake: FakeGeminiServer, worker: GeminiWorker
+) -> None:
+    # Given a model that answers in prose whatever the prompt says, unless the request asks for
+    # JSON natively
+    fake.prose_unless_asked_natively = True
+    messages = told(IN_SCHEMA)
+
+    # When it is called plainly, then in the schema
+    plain = await call(worker, messages)
+    formatted = await call_in_format(worker, IN_SCHEMA)
+
+    # Then the plain answer cannot be made JSON, and the one asked natively follows the schema
+    with pytest.raises(AnswerFormatError):
+        IN_SCHEMA.conform(plain.text)
+    assert "generationConfig" in fake.requests[-2].json
+    assert "responseMimeType" not in fake.requests[-2].json["generationConfig"]
+    assert json.loads(IN_SCHEMA.conform(formatted.text)) == {
+        "city": "x",
+        "high": -90,
+        "sky": "clear",
+    }
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ({"responseJsonSchema": {"type": "object"}}, "required with response_json_schema"),
+        (
+            {
+                "responseMimeType": "application/json",
+                "responseSchema": {"type": "OBJECT"},
+                "responseJsonSchema": {"type": "object"},
+            },
+            "exclusive",
+        ),
+        ({"responseMimeType": "application/xml"}, "unsupported mime type"),
+    ],
+)
+async def test_the_fake_refuses_response_formats_google_refuses(
+    fake: FakeGeminiServer, config: dict[str, Any], says: str
+) -> None:
+    body = {"contents": [{"role": "user", "parts": [{"text": "Hi"}]}], "generationConfig": config}
+
+    async with httpx.AsyncClient() as client:
+        response = await client.post(
+            f"{fake.base_url}/v1beta/models/gemini-2.5-flash:generateContent",
+            json=body,
+            headers={"x-goog-api-key": KEY},
+        )
+
+    assert response.status_code == 400
+    assert response.json()["error"]["status"] == "INVALID_ARGUMENT"
+    assert says in response.json()["error"]["message"]
 
 
 # -- images -----------------------------------------------------------------------------------

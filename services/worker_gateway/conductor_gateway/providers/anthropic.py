@@ -14,6 +14,14 @@ turn, which must start the turn that follows the calls.
 
 Vision (/en/docs/build-with-claude/vision): a user message's images go as ``image`` blocks, a
 data URL's bytes as a ``base64`` source and an http(s) URL as a ``url`` source the API fetches.
+
+Structured outputs (/en/docs/build-with-claude/structured-outputs, "JSON outputs"): an answer that
+must follow a JSON Schema goes with ``output_config: {"format": {"type": "json_schema", "schema":
+...}}``, generally available with no beta header (the beta's top-level ``output_format`` and its
+``anthropic-beta: structured-outputs-2025-11-13`` header are deprecated). The model decodes under
+the schema's grammar, and the API refuses (400) a schema with an object whose
+``additionalProperties`` is not ``false``, or with constraints it cannot enforce; so the schema is
+first made one it takes (``strict_schema``), and what cannot be is asked in the prompt only.
 """
 
 from __future__ import annotations
@@ -21,14 +29,16 @@ from __future__ import annotations
 import binascii
 import contextlib
 import json
+import re
 from base64 import b64decode
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from httpx_sse import ServerSentEvent
 from pydantic import ValidationError
 
+from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage, Completion, ImagePart, ToolCall, ToolUse, Usage
 from conductor.errors import MalformedResponse, ProviderRejected, ProviderUnavailable
 from conductor.pool import Provider
@@ -58,6 +68,32 @@ FINISH_REASONS = {"tool_use": "tool_calls"}
 _NO_PARAMETERS: Mapping[str, Any] = {"type": "object", "properties": {}}
 # The media types the API takes in a base64 image source; it refuses any other with a 400.
 IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+# Models older than those the structured-outputs docs list (the 4.5 family on): they refuse
+# output_config.format, so their answers are asked for in the prompt only.
+_NO_STRUCTURED_OUTPUTS = re.compile(
+    r"claude-(?:instant|2|3|(?:sonnet|opus)-4-(?:(?:0|1)(?!\d)|2025\d{4}))"
+)
+# Keywords structured outputs refuse ("JSON Schema limitations": numeric, string and array bounds
+# beyond minItems 0 or 1). They are left out of what is sent (a larger minItems goes as 1): the
+# prompt still states the whole schema and the caller validates the answer against it.
+_UNENFORCED = frozenset(
+    {
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "minLength",
+        "maxLength",
+        "maxItems",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "minProperties",
+        "maxProperties",
+    }
+)
 
 
 def build_request(
@@ -68,11 +104,15 @@ def build_request(
     *,
     stream: bool = False,
     tools: ToolUse | None = None,
+    output_format: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON body of ``POST /v1/messages``: system lifted out, turns merged to alternate.
 
     Tool calls and results travel as blocks only with ``tools``: the API refuses ``tool_use`` and
     ``tool_result`` blocks in a request that defines no tools, so without them they are text.
+    ``output_format`` goes as ``output_config.format`` unless the last turn is the assistant's:
+    the API refuses prefilled answers with JSON outputs, so such an answer is asked for in the
+    prompt only.
     """
     system, turns = wire_turns(messages, tool_blocks=tools is not None)
     if turns and turns[0]["role"] == "assistant":
@@ -87,9 +127,122 @@ def build_request(
         payload["system"] = system
     if tools is not None:
         payload.update(wire_tools(tools))
+    if output_format is not None and turns and turns[-1]["role"] == "user":
+        payload["output_config"] = {"format": dict(output_format)}
     if stream:
         payload["stream"] = True
     return payload
+
+
+def wire_output_format(model: str, answer_format: AnswerFormat) -> dict[str, Any] | None:
+    """``output_config.format`` for an answer in ``answer_format``, or None where Anthropic cannot
+    be asked natively: a model older than structured outputs, a schema it cannot take as it
+    means (``strict_schema``), and ``json_object``. Anthropic has no JSON mode: a schema of
+    ``{"type": "object"}`` is refused (objects must set ``additionalProperties: false``), and
+    with that set only ``{}`` would fit."""
+    if answer_format.json_schema is None or _NO_STRUCTURED_OUTPUTS.search(model):
+        return None
+    schema = strict_schema(answer_format.json_schema)
+    return None if schema is None else {"type": "json_schema", "schema": schema}
+
+
+def strict_schema(schema: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``schema`` as structured outputs take it, or None when it cannot be without asking for
+    answers the client's schema refuses.
+
+    Every object gets ``additionalProperties: false`` (the API requires it): this only narrows
+    what the model may write, so its answers still follow the client's schema. Constraints it
+    cannot enforce are left out or eased, and ``oneOf`` goes as ``anyOf`` (which the docs list;
+    it lets through no less). None for what has no such form: an object without
+    ``properties`` (a map, or any object, where false would leave only ``{}``), one that
+    requires keys it does not list or has ``patternProperties``, ``not`` (which the docs do not
+    list), and a recursive or external ``$ref`` (which the API refuses).
+    """
+    if _recursive_or_external(schema):
+        return None
+    try:
+        closed: dict[str, Any] = _closed(schema)
+    except _NoStrictForm:
+        return None
+    return closed
+
+
+class _NoStrictForm(Exception):
+    """A schema (or part of one) that structured outputs cannot take as the client means it."""
+
+
+def _closed(node: Any) -> Any:
+    """``node`` with its objects closed and unenforced keywords left out (``strict_schema``)."""
+    if not isinstance(node, dict):
+        return node  # a boolean schema, or a keyword's value
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _UNENFORCED:
+            continue
+        if key == "minItems" and isinstance(value, int) and value > 1:
+            out[key] = 1  # the most it takes: at least one item, as near as it can come
+        elif key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            out[key] = {name: _closed(sub) for name, sub in value.items()}
+        elif key in ("anyOf", "allOf", "oneOf", "prefixItems") and isinstance(value, list):
+            if key == "oneOf" and "anyOf" in node:
+                raise _NoStrictForm
+            out["anyOf" if key == "oneOf" else key] = [_closed(sub) for sub in value]
+        elif key == "items":
+            out[key] = _closed(value)
+        elif key == "not":
+            raise _NoStrictForm  # closing an object under "not" would widen, not narrow
+        else:
+            out[key] = value
+    kind = node.get("type")
+    if kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in node:
+        properties = node.get("properties")
+        required = node.get("required") or []
+        if not isinstance(properties, dict) or "patternProperties" in node:
+            raise _NoStrictForm
+        if not set(required) <= set(properties):
+            raise _NoStrictForm
+        out["additionalProperties"] = False
+    return out
+
+
+def _recursive_or_external(schema: Mapping[str, Any]) -> bool:
+    """Whether a ``$ref`` leads back to a schema it is in, or outside this document."""
+    targets: dict[str, Any] = {"#": schema}
+    for key in ("$defs", "definitions"):
+        defs = schema.get(key)
+        if isinstance(defs, dict):
+            targets.update({f"#/{key}/{name}": sub for name, sub in defs.items()})
+    refs = {target: set(_refs(node)) for target, node in targets.items()}
+    if any(not ref.startswith("#") for found in refs.values() for ref in found):
+        return True
+    visiting: set[str] = set()
+    done: set[str] = set()
+
+    def loops(target: str) -> bool:
+        if target in visiting:
+            return True
+        if target in done:
+            return False
+        visiting.add(target)
+        found = any(loops(ref) for ref in refs.get(target, ()))
+        visiting.discard(target)
+        done.add(target)
+        return found
+
+    return any(loops(target) for target in refs)
+
+
+def _refs(node: Any) -> Iterator[str]:
+    """Every ``$ref`` in ``node``."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
 
 
 def wire_tools(tools: ToolUse) -> dict[str, Any]:
@@ -400,6 +553,20 @@ class AnthropicWorker(HttpWorker):
         """One whole (not streamed) call: its tool calls go back to the client in one answer."""
         return await self._call(self._request(messages, max_tokens, temperature, tools=tools))
 
+    async def complete_in_format(
+        self,
+        messages: Sequence[ChatMessage],
+        answer_format: AnswerFormat,
+        *,
+        max_tokens: int,
+        temperature: float,
+    ) -> Completion:
+        """One whole call whose answer Anthropic constrains to the schema where it can
+        (``wire_output_format``); otherwise a plain call, the prompt's instruction alone."""
+        output_format = wire_output_format(self.model, answer_format)
+        payload = self._request(messages, max_tokens, temperature, output_format=output_format)
+        return await self._call(payload)
+
     def _request(
         self,
         messages: Sequence[ChatMessage],
@@ -408,11 +575,18 @@ class AnthropicWorker(HttpWorker):
         *,
         stream: bool = False,
         tools: ToolUse | None = None,
+        output_format: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """``build_request``, its refusals (tool arguments, images) naming this worker."""
         try:
             return build_request(
-                self.model, messages, max_tokens, temperature, stream=stream, tools=tools
+                self.model,
+                messages,
+                max_tokens,
+                temperature,
+                stream=stream,
+                tools=tools,
+                output_format=output_format,
             )
         except ProviderRejected as exc:
             raise ProviderRejected(f"{self.provider}: {exc}") from exc

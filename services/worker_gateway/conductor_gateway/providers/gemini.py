@@ -25,6 +25,13 @@ https://ai.google.dev/gemini-api/docs/file-input-methods): a user turn's data UR
 pre-signed URLs, not for Gemini 2.0 models), its ``mimeType`` told by the URL's extension. What
 Gemini would refuse (another image type, a plain http URL, a URL whose type cannot be told) is
 refused before sending, as ProviderRejected: every try would fail the same way.
+
+Structured output (https://ai.google.dev/gemini-api/docs/structured-output, and GenerationConfig in
+https://ai.google.dev/api/generate-content): an answer that must be JSON goes with
+``generationConfig.responseMimeType`` "application/json", and one that must follow a schema also
+with ``generationConfig.responseJsonSchema``, the field that takes JSON Schema as clients write it
+(``responseSchema`` takes only an OpenAPI subset). Gemini requires the MIME type with it; the
+whole schema may be sent, though Gemini enforces only part of JSON Schema (the caller validates).
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import httpx
 from httpx_sse import ServerSentEvent
 from pydantic import ValidationError
 
+from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage, Completion, ImagePart, ToolCall, ToolSpec, ToolUse, Usage
 from conductor.errors import (
     MalformedResponse,
@@ -106,23 +114,37 @@ def build_request(
     tools: ToolUse | None = None,
     *,
     fetches_urls: bool = True,
+    answer_format: AnswerFormat | None = None,
 ) -> dict[str, Any]:
     """The JSON body of ``generateContent``: system text apart, assistant turns as "model".
 
     A history with tool calls and results is valid without ``tools`` (a client may stop
     offering them); one whose calls, results or images Gemini cannot take is ProviderRejected.
     ``fetches_urls``: whether the model fetches images from URLs (Gemini 2.0 models do not).
+    ``answer_format``: the JSON the answer must be, asked of Gemini in generationConfig.
     """
     system = [m.content for m in messages if m.role == "system"]
+    config: dict[str, Any] = {"maxOutputTokens": max_tokens, "temperature": temperature}
+    if answer_format is not None:
+        config.update(wire_answer_format(answer_format))
     payload: dict[str, Any] = {
         "contents": wire_contents(messages, fetches_urls=fetches_urls),
-        "generationConfig": {"maxOutputTokens": max_tokens, "temperature": temperature},
+        "generationConfig": config,
     }
     if system:
         payload["systemInstruction"] = {"parts": [{"text": "\n\n".join(system)}]}
     if tools is not None:
         payload.update(wire_tools(tools))
     return payload
+
+
+def wire_answer_format(answer_format: AnswerFormat) -> dict[str, Any]:
+    """The generationConfig fields of a JSON answer: the MIME type, and the schema (as it is:
+    Gemini takes JSON Schema whole) when there is one."""
+    fields: dict[str, Any] = {"responseMimeType": "application/json"}
+    if answer_format.json_schema is not None:
+        fields["responseJsonSchema"] = answer_format.json_schema
+    return fields
 
 
 def wire_tools(tools: ToolUse) -> dict[str, Any]:
@@ -524,7 +546,7 @@ def _model_version(body: Mapping[str, Any]) -> str:
 
 
 class GeminiWorker(HttpWorker):
-    """A ChatWorker (and ToolCallingWorker) that POSTs
+    """A ChatWorker (and ToolCallingWorker, FormattedAnswerWorker) that POSTs
     ``{base_url}/v1beta/models/{model}:generateContent``."""
 
     providers = frozenset({Provider.GEMINI})
@@ -551,6 +573,18 @@ class GeminiWorker(HttpWorker):
     ) -> Completion:
         return await self._generate(self._payload(messages, max_tokens, temperature, tools))
 
+    async def complete_in_format(
+        self,
+        messages: Sequence[ChatMessage],
+        answer_format: AnswerFormat,
+        *,
+        max_tokens: int,
+        temperature: float,
+    ) -> Completion:
+        """One whole call whose answer Gemini constrains to JSON (and to the schema, if any)."""
+        payload = self._payload(messages, max_tokens, temperature, answer_format=answer_format)
+        return await self._generate(payload)
+
     def stream(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> AsyncIterator[StreamEvent]:
@@ -567,12 +601,19 @@ class GeminiWorker(HttpWorker):
         max_tokens: int,
         temperature: float,
         tools: ToolUse | None = None,
+        *,
+        answer_format: AnswerFormat | None = None,
     ) -> dict[str, Any]:
         """The request body; a history Gemini cannot take is refused naming this worker, with
         no HTTP status: nothing was sent."""
         try:
             return build_request(
-                messages, max_tokens, temperature, tools, fetches_urls=_fetches_urls(self.model)
+                messages,
+                max_tokens,
+                temperature,
+                tools,
+                fetches_urls=_fetches_urls(self.model),
+                answer_format=answer_format,
             )
         except ProviderRejected as exc:
             raise ProviderRejected(f"{self.provider}: {exc}") from exc
