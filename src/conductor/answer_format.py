@@ -33,6 +33,10 @@ class AnswerFormat(BaseModel):
     type: Literal["json_object", "json_schema"]
     name: str | None = Field(default=None, max_length=64)
     json_schema: dict[str, Any] | None = None
+    # A workflow's json_object answer: the client's own instructions (its system and developer
+    # text), where such a client describes the object it wants. The answering step is given
+    # them, since it may see neither the question nor a step that saw it.
+    instructions: str | None = None
 
     @model_validator(mode="after")
     def _schema_fits_its_type(self) -> AnswerFormat:
@@ -66,6 +70,8 @@ class AnswerFormat(BaseModel):
             text += " It must match this JSON Schema:\n" + json.dumps(
                 self.json_schema, sort_keys=True
             )
+        elif self.instructions:
+            text += " What it must hold is in the client's instructions:\n" + self.instructions
         return text
 
     def conform(self, answer: str) -> str:

@@ -162,6 +162,7 @@ class WorkflowExecutor:
                     tenant=action.tenant,
                     tools=action.tools,
                     attempts=made,
+                    answer_format=action.answer_format,
                 )
         except TimeoutError:
             error = f"no answer within {variant.step_timeout_s:g} s"

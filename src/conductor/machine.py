@@ -172,8 +172,10 @@ class Dispatch(BaseModel):
     # The workflow's pool: the only workers the call may reach, the worker's fallbacks included.
     allowed_workers: list[str]
     tenant: str | None = None  # whose workflow: its calls take a fair turn on busy workers
-    # The client's functions: offered to the step that writes its round's answer only.
+    # The client's functions and the answer's form: for the step that writes its round's
+    # answer only.
     tools: ToolUse | None = None
+    answer_format: AnswerFormat | None = None
     # The step's deadline for this send: past it the step is sent again or fails, so nobody
     # waits for the answer of this send any longer.
     expires_at: datetime
@@ -383,6 +385,7 @@ class WorkflowMachine:
             allowed_workers=[entry.name for entry in self.state.entries],
             tenant=self.state.tenant,
             tools=self.state.tools if answers else None,
+            answer_format=form if answers else None,
             expires_at=sent_at + timedelta(seconds=self.state.variant.step_timeout_s),
         )
 

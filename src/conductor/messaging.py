@@ -13,6 +13,7 @@ from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage, Sampling, ToolUse
 from conductor.pool import WorkerSpec
 from conductor.ports import StepCallResult
@@ -91,6 +92,8 @@ class CallRequest(BaseModel):
     tools: ToolUse | None = None
     # A direct call's own max_tokens (within the worker's) and temperature; None: the worker's.
     sampling: Sampling | None = None
+    # The JSON the answer must be, asked of the provider natively where it can; None: text.
+    answer_format: AnswerFormat | None = None
     # When the caller stops waiting (timezone-aware): a gateway does not start the call after
     # it and abandons the call at it, retries and quota waits included. This is what bounds
     # the longest call a gateway holds, and so the grace period a stopping gateway needs.

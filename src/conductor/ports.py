@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage, Completion, Sampling, ToolCall, ToolUse, Usage
 from conductor.streaming import StreamEvent
 from conductor.workflow import AttemptRecord, Plan, PlanOutcome, PoolEntry, WorkflowRecord
@@ -83,6 +84,22 @@ class ToolCallingWorker(Protocol):
     ) -> Completion: ...
 
 
+@runtime_checkable
+class FormattedAnswerWorker(Protocol):
+    """A worker whose provider constrains an answer to JSON natively (OpenAI's
+    ``response_format``, Anthropic's and Gemini's structured outputs): the schema reaches the
+    provider in its own form, not only the prompt. The caller still validates the answer."""
+
+    async def complete_in_format(
+        self,
+        messages: Sequence[ChatMessage],
+        answer_format: AnswerFormat,
+        *,
+        max_tokens: int,
+        temperature: float,
+    ) -> Completion: ...
+
+
 class StepCallResult(BaseModel):
     """A step's worker call as the gateway ran it: the answer and every attempt it took.
 
@@ -120,12 +137,15 @@ class StepRunner(Protocol):
         tools: ToolUse | None = None,
         sampling: Sampling | None = None,
         attempts: list[AttemptRecord] | None = None,
+        answer_format: AnswerFormat | None = None,
     ) -> StepCallResult:
         """``allowed_workers``: every worker the call may reach, fallbacks included (a
         workflow's pool, an API key's pool); None: any worker of the pool. ``tenant``: whose
         call it is, for its fair turn among calls waiting on a worker's quotas. ``tools``:
         functions the worker may ask to call (only workers whose wire format has them).
         ``sampling``: a direct call's own max_tokens and temperature (None: the worker's).
+        ``answer_format``: the JSON the answer must be, asked of the provider natively where
+        its wire format can (``FormattedAnswerWorker``); the caller validates the answer.
         ``attempts``: where each provider call is appended as it is made, so that a caller who
         cancels the call still knows the calls that may be billed (a runner whose calls are
         recorded elsewhere may leave it empty)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage, Completion, ToolCall, ToolUse, Usage
 from conductor.errors import MalformedResponse
 from conductor.streaming import StreamEnd, StreamEvent, TextDelta
@@ -62,6 +63,16 @@ def build_chat_request(
         payload["stream"] = True
         payload["stream_options"] = {"include_usage": True}
     return payload
+
+
+def wire_response_format(answer_format: AnswerFormat) -> dict[str, Any]:
+    """The answer's required form as Chat Completions' ``response_format``: a JSON object, or
+    one that follows a JSON Schema (not ``strict``: OpenAI's strict mode refuses schemas
+    without ``additionalProperties: false`` everywhere, which clients rarely write)."""
+    if answer_format.json_schema is None:
+        return {"type": "json_object"}
+    schema = {"name": answer_format.name or "answer", "schema": answer_format.json_schema}
+    return {"type": "json_schema", "json_schema": schema}
 
 
 def wire_message(message: ChatMessage) -> dict[str, Any]:

@@ -188,3 +188,52 @@ def test_langchain_with_structured_output_gets_the_model_it_asked_for(api: Api) 
 def test_langchain_json_mode_gets_a_dict(api: Api) -> None:
     structured = _langchain(api).with_structured_output(None, method="json_mode")
     assert structured.invoke("What is 6 * 7? Answer in JSON.") == JSON_ANSWER
+
+
+# -- asked natively -----------------------------------------------------------------------------
+
+ONLY_NATIVE = {"conductor": {"pool": ["native"]}}
+SAYS_WHAT = "Answer as a JSON object with the keys answer and unit."
+
+
+def test_a_workflow_asks_its_answering_worker_for_json_natively(
+    api: Api, request: pytest.FixtureRequest
+) -> None:
+    # Given a worker that writes JSON only when its provider is asked for it natively
+    native = api.workers["native"]
+    before = len(native.formats_asked)
+    client = api.client()
+    request.addfinalizer(client.close)
+
+    # When a one-step workflow on it is asked for a json_object, the object described in
+    # the client's system message
+    reply = client.chat.completions.create(
+        model="conductor-ultra",
+        messages=[{"role": "system", "content": SAYS_WHAT}, *QUESTION],  # type: ignore[list-item]
+        response_format={"type": "json_object"},
+        extra_body=ONLY_NATIVE,
+    )
+
+    # Then the answer is its JSON: the worker was asked natively, and told the client's words
+    assert json.loads(reply.choices[0].message.content or "") == JSON_ANSWER
+    [form] = native.formats_asked[before:]
+    assert form.type == "json_object"
+    assert form.instructions == SAYS_WHAT
+    assert SAYS_WHAT in form.instruction()
+
+
+def test_a_direct_call_asks_the_worker_for_json_natively(
+    api: Api, request: pytest.FixtureRequest
+) -> None:
+    client = api.client()
+    request.addfinalizer(client.close)
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}}
+    reply = client.chat.completions.create(
+        model="native",
+        messages=QUESTION,  # type: ignore[arg-type]
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+    )
+    assert json.loads(reply.choices[0].message.content or "") == JSON_ANSWER
+    form = api.workers["native"].formats_asked[-1]
+    assert form.json_schema == schema
+    assert form.instructions is None  # a worker called directly reads the system text itself

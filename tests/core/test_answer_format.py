@@ -70,3 +70,14 @@ def test_a_schema_that_is_not_one_is_refused_naming_the_field() -> None:
 def test_a_json_schema_format_needs_its_schema() -> None:
     with pytest.raises(ValueError, match="json_schema is required"):
         AnswerFormat(type="json_schema")
+
+
+def test_a_json_object_answer_is_told_the_clients_instructions_and_a_schema_is_not() -> None:
+    said = "Answer with the keys city and degrees."
+    told = AnswerFormat(type="json_object", instructions=said).instruction()
+    schema = {"type": "object"}
+    with_schema = AnswerFormat(type="json_schema", json_schema=schema, instructions=said)
+
+    assert told.endswith(f"What it must hold is in the client's instructions:\n{said}")
+    assert said not in with_schema.instruction()
+    assert said not in AnswerFormat(type="json_object").instruction()

@@ -1158,6 +1158,16 @@ def test_only_the_step_that_writes_the_answer_is_told_its_form() -> None:
     assert later.messages[-1].content.endswith(JSON_FORM.instruction())
 
 
+def test_only_the_step_that_writes_the_answer_asks_its_provider_for_the_form() -> None:
+    machine, first = _json_workflow(step(ALPHA, "find facts"), step(BETA, "write it", 0))
+    [later] = succeed(machine, 0, "facts")
+
+    assert isinstance(first[0], Dispatch)
+    assert isinstance(later, Dispatch)
+    assert first[0].answer_format is None
+    assert later.answer_format == JSON_FORM
+
+
 def test_the_answer_is_kept_as_the_json_it_holds() -> None:
     machine, _ = _json_workflow(step(ALPHA, "answer"))
     succeed(machine, 0, 'Here: ```json\n{"answer": 42}\n```')

@@ -29,7 +29,7 @@ from fakes.api_server import LiveApi, TwoStepBackend, named_pool, scripted_servi
 from fakes.distributed import distributed_stack
 from fakes.scripted import ScriptedWorker
 
-NAMES = ["alpha", "beta", "gamma", "delta", "slow", "jsoner", "narrow"]
+NAMES = ["alpha", "beta", "gamma", "delta", "slow", "jsoner", "narrow", "native"]
 SLOW_S = 60.0  # slow answers after a minute: long enough to be cancelled first
 # delta is always down, and its pool entry falls back to alpha.
 FALLBACKS = {"delta": ["alpha"]}
@@ -58,6 +58,8 @@ def scripted_workers() -> list[ScriptedWorker]:
         ScriptedWorker("slow", delay_s=SLOW_S),
         ScriptedWorker("jsoner", answer=json_when_asked),
         ScriptedWorker("narrow", delay_s=NARROW_S, answer=_answer("narrow")),
+        # Writes JSON only when its provider is asked for it natively, prose when told in words.
+        ScriptedWorker("native", answer=lambda _: "forty-two", native_json=JSON_ANSWER),
     ]
 
 

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage, Completion, ToolCall, ToolUse, Usage
 from conductor.pool import Pool, Price, Provider, Quotas, WorkerSpec
 from conductor.ports import ChatWorker, PlanFormat, PromptForm
@@ -46,6 +47,10 @@ class ScriptedWorker:
     # the worker on another thread's loop.
     cancellation: threading.Event = field(default_factory=threading.Event)
     tools_offered: list[ToolUse] = field(default_factory=list)
+    # Answers this JSON when its provider is asked for JSON natively (``complete_in_format``),
+    # whatever the prompt says; None: it answers as it would anyway.
+    native_json: dict[str, Any] | None = None
+    formats_asked: list[AnswerFormat] = field(default_factory=list)
 
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
@@ -116,6 +121,21 @@ class ScriptedWorker:
         return completion.model_copy(
             update={"text": "", "tool_calls": calls, "finish_reason": "tool_calls"}
         )
+
+    async def complete_in_format(
+        self,
+        messages: Sequence[ChatMessage],
+        answer_format: AnswerFormat,
+        *,
+        max_tokens: int,
+        temperature: float,
+    ) -> Completion:
+        """Asked natively for JSON: ``native_json`` if it has one, else its usual answer."""
+        self.formats_asked.append(answer_format)
+        completion = await self.complete(messages, max_tokens=max_tokens, temperature=temperature)
+        if self.native_json is None:
+            return completion
+        return completion.model_copy(update={"text": json.dumps(self.native_json)})
 
     async def stream(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float

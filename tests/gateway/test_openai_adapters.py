@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage, ImagePart, ToolCall, ToolSpec, ToolUse
 from conductor.errors import (
     ConfigurationError,
@@ -25,15 +26,16 @@ from conductor.errors import (
     StreamInterrupted,
     WorkerUnavailable,
 )
-from conductor.pool import Provider, WorkerSpec
-from conductor.ports import ChatWorker, PlanFormat, PlannerBackend
+from conductor.pool import Pool, Provider, WorkerSpec
+from conductor.ports import ChatWorker, FormattedAnswerWorker, PlanFormat, PlannerBackend
 from conductor.streaming import collect_stream
 from conductor_adapters.http_wire import retry_after_s
 from conductor_adapters.settings import Settings
+from conductor_gateway.gateway import WorkerGateway
 from conductor_gateway.providers.openai import OpenAICompatibleWorker
 from conductor_planner.backends.openai import OpenAIPlannerBackend
 
-from fakes.http_server import ScriptedResponse
+from fakes.http_server import RecordedRequest, ScriptedResponse
 from fakes.openai_server import (
     FakeOpenAIServer,
     completion,
@@ -524,3 +526,72 @@ async def test_a_user_messages_images_go_as_image_url_parts_after_its_text(
             ],
         }
     ]
+
+
+# -- the answer's form, asked natively ----------------------------------------------------------
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+@pytest.mark.parametrize(
+    ("answer_format", "wired"),
+    [
+        (AnswerFormat(type="json_object"), {"type": "json_object"}),
+        (
+            AnswerFormat(type="json_schema", name="person", json_schema=PERSON),
+            {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}},
+        ),
+        (
+            AnswerFormat(type="json_schema", json_schema=PERSON),
+            {"type": "json_schema", "json_schema": {"name": "answer", "schema": PERSON}},
+        ),
+    ],
+    ids=["json-object", "json-schema", "json-schema-unnamed"],
+)
+async def test_an_answer_format_goes_on_the_wire_as_response_format(
+    fake_openai: FakeOpenAIServer,
+    worker: OpenAICompatibleWorker,
+    answer_format: AnswerFormat,
+    wired: dict[str, Any],
+) -> None:
+    fake_openai.responder = lambda _: '{"name": "Ada"}'
+
+    result = await worker.complete_in_format(
+        QUESTION, answer_format, max_tokens=64, temperature=0.5
+    )
+
+    assert isinstance(worker, FormattedAnswerWorker)
+    assert fake_openai.last_request.json["response_format"] == wired
+    assert result.text == '{"name": "Ada"}'
+
+
+async def test_a_worker_that_complies_only_when_asked_natively_answers_json_through_the_gateway(
+    make_worker: Factory,
+) -> None:
+    # Given a model that writes JSON only under response_format (prose when asked in words)
+    server = NativeJsonServer()
+    server.start()
+    try:
+        adapter = make_worker(server.base_url)
+        pool = Pool(workers=(spec(server.base_url),))
+        gateway = WorkerGateway(pool, {adapter.name: adapter})
+        form = AnswerFormat(type="json_object")
+
+        # When the gateway calls it with the form, as a workflow's answering step is called
+        asked = await gateway.call(adapter.name, QUESTION, answer_format=form)
+        plain = await gateway.call(adapter.name, QUESTION)
+    finally:
+        server.stop()
+
+    # Then the provider was asked natively, and its answer is the JSON
+    assert form.conform(asked.text) == '{"answer":42}'
+    assert plain.text == "forty-two"
+
+
+class NativeJsonServer(FakeOpenAIServer):
+    """A model that writes JSON only when ``response_format`` asks for it."""
+
+    def default_response(self, request: RecordedRequest) -> ScriptedResponse:
+        body = request.json if isinstance(request.json, dict) else {}
+        answer = '{"answer": 42}' if "response_format" in body else "forty-two"
+        return completion(answer, model=str(body.get("model", "gpt-fake")))

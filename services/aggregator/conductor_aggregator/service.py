@@ -427,6 +427,7 @@ class Aggregator:
                 allowed_workers=action.allowed_workers,
                 tenant=action.tenant,
                 tools=action.tools,
+                answer_format=action.answer_format,
                 expires_at=action.expires_at,
             )
             queue = queue_for(self.pool.get(action.worker))

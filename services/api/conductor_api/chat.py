@@ -42,6 +42,7 @@ from conductor_api.openai_shared import (
     render_question,
     sampling_of,
     worker_messages,
+    workflow_answer_format,
     workflow_failed,
 )
 from conductor_api.request_policy import check_chat
@@ -155,7 +156,7 @@ async def answer_chat(
         cost_weight=options.cost_weight if options else None,
         metadata=body.metadata,
         fields=CHAT_FIELDS,
-        answer_format=answer_format,
+        answer_format=workflow_answer_format(answer_format, body.messages),
         tools=tools,
     )
     keep_limit_headers(request, started.limit_headers)

@@ -72,6 +72,7 @@ class DirectCall:
                 tenant=self.caller.tenant,
                 tools=self.tools,
                 sampling=self.sampling,
+                answer_format=self.answer_format,
             )
         except StepCallFailed as exc:
             await self._count_spend(exc.attempts)

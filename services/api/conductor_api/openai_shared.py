@@ -133,6 +133,17 @@ def answer_format_of(response_format: Any) -> AnswerFormat | None:
     return answer_format
 
 
+def workflow_answer_format(
+    answer_format: AnswerFormat | None, messages: list[ChatMessageIn]
+) -> AnswerFormat | None:
+    """A workflow's answer format: a json_object one carries the client's system and developer
+    text, which says what the object holds (a worker called directly reads them anyway)."""
+    if answer_format is None or answer_format.type != "json_object":
+        return answer_format
+    said = [m.text for m in messages if m.role in ("system", "developer") and m.text]
+    return answer_format.model_copy(update={"instructions": "\n\n".join(said) or None})
+
+
 def sampling_of(max_tokens: int | None, temperature: float | None) -> Sampling | None:
     """A direct call's own settings, if the request sets any."""
     if max_tokens is None and temperature is None:

@@ -52,6 +52,7 @@ from conductor_api.openai_shared import (
     passthrough_field,
     sampling_of,
     worker_messages,
+    workflow_answer_format,
     workflow_failed,
 )
 from conductor_api.responses_events import ResponseEvents
@@ -243,7 +244,7 @@ async def create_response(
         cost_weight=options.cost_weight if options else None,
         metadata=stored.labels,
         fields=RESPONSE_FIELDS,
-        answer_format=answer_format,
+        answer_format=workflow_answer_format(answer_format, messages),
         tools=tools,
     )
     keep_limit_headers(request, started.limit_headers)

@@ -334,6 +334,7 @@ class GatewayProcess:
                     tools=request.tools,
                     sampling=request.sampling,
                     attempts=made,
+                    answer_format=request.answer_format,
                 )
             return CallReply(**base, ok=True, result=result, attempts=result.attempts)
         except TimeoutError:

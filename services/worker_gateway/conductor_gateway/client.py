@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 import redis.asyncio as aioredis
 from celery import Celery
 
+from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage, Sampling, ToolUse
 from conductor.errors import StepCallFailed
 from conductor.messaging import CALL_WORKER_TASK, CallReply, CallRequest, queue_for
@@ -62,6 +63,7 @@ class QueuedStepRunner:
         tools: ToolUse | None = None,
         sampling: Sampling | None = None,
         attempts: list[AttemptRecord] | None = None,
+        answer_format: AnswerFormat | None = None,
     ) -> StepCallResult:
         # ``attempts`` stays empty: the calls are made, and known, in a gateway process (a
         # pass-through call has no trace to record them in).
@@ -75,6 +77,7 @@ class QueuedStepRunner:
             tenant=tenant,
             tools=tools,
             sampling=sampling,
+            answer_format=answer_format,
             # The gateway gives up when this caller does: no call outlives its waiter.
             expires_at=datetime.now(UTC) + timedelta(seconds=self.reply_timeout_s),
         )

@@ -16,6 +16,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage, Completion, Sampling, ToolUse
 from conductor.errors import (
     ProviderAuthError,
@@ -26,7 +27,7 @@ from conductor.errors import (
     WorkerUnavailable,
 )
 from conductor.pool import IMAGE_PROVIDERS, TOOL_CALLING_PROVIDERS, Pool, WorkerSpec
-from conductor.ports import ChatWorker, StepCallResult, ToolCallingWorker
+from conductor.ports import ChatWorker, FormattedAnswerWorker, StepCallResult, ToolCallingWorker
 from conductor.streaming import collect_stream
 from conductor.workflow import AttemptRecord, attempts_total
 from conductor_gateway.metrics import GatewayMetrics
@@ -48,6 +49,7 @@ class _Call:
     tenant: str | None
     tools: ToolUse | None
     sampling: Sampling | None
+    answer_format: AnswerFormat | None = None
 
     def max_tokens(self, spec: WorkerSpec) -> int:
         asked = self.sampling.max_tokens if self.sampling else None
@@ -104,6 +106,7 @@ class WorkerGateway:
         tools: ToolUse | None = None,
         sampling: Sampling | None = None,
         attempts: list[AttemptRecord] | None = None,
+        answer_format: AnswerFormat | None = None,
     ) -> StepCallResult:
         spec = self.pool.get(worker)
         allowed = None if allowed_workers is None else frozenset(allowed_workers)
@@ -126,9 +129,8 @@ class WorkerGateway:
             if name != worker and self.metrics is not None:
                 self.metrics.fallback(self.pool.get(name))
             try:
-                completion = await self._call_with_retries(
-                    self.pool.get(name), _Call(messages, tenant, tools, sampling), attempts
-                )
+                call = _Call(messages, tenant, tools, sampling, answer_format)
+                completion = await self._call_with_retries(self.pool.get(name), call, attempts)
             except WorkerError as exc:
                 errors.append(f"{name}: {type(exc).__name__}: {exc}")
                 if not (exc.retryable or isinstance(exc, FALLBACK_ON)):
@@ -244,6 +246,12 @@ class WorkerGateway:
                     # Whole, not streamed: the calls come back as one answer to the client.
                     return await worker.complete_with_tools(
                         messages, call.tools, max_tokens=max_tokens, temperature=temperature
+                    )
+                form = call.answer_format
+                if form is not None and isinstance(worker, FormattedAnswerWorker):
+                    # Whole: the provider constrains the answer to the JSON asked for.
+                    return await worker.complete_in_format(
+                        messages, form, max_tokens=max_tokens, temperature=temperature
                     )
                 if spec.stream:
                     events = worker.stream(messages, max_tokens=max_tokens, temperature=temperature)

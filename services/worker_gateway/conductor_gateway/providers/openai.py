@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage, Completion, ToolUse
 from conductor.pool import Provider, WorkerSpec
 from conductor.streaming import StreamEvent
-from conductor_adapters.openai_wire import OpenAIChatClient
+from conductor_adapters.openai_wire import OpenAIChatClient, wire_response_format
 from conductor_gateway.providers.endpoint import HttpWorker
 
 
@@ -61,6 +62,21 @@ class OpenAICompatibleWorker(HttpWorker):
     ) -> Completion:
         return await self._chat.chat(
             messages, max_tokens=max_tokens, temperature=temperature, tools=tools
+        )
+
+    async def complete_in_format(
+        self,
+        messages: Sequence[ChatMessage],
+        answer_format: AnswerFormat,
+        *,
+        max_tokens: int,
+        temperature: float,
+    ) -> Completion:
+        return await self._chat.chat(
+            messages,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            response_format=wire_response_format(answer_format),
         )
 
     def stream(
