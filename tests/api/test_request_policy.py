@@ -300,12 +300,32 @@ def test_codex_with_its_default_web_search_is_told_how_to_turn_it_off(api: Api) 
         assert 'web_search = "disabled"' in error["message"]
 
 
-def test_codex_mcp_tools_in_a_namespace_are_refused_naming_them(api: Api) -> None:
+def test_a_namespaces_functions_are_offered_flat_and_its_call_comes_back_named_by_it(
+    api: Api,
+) -> None:
+    # Given Codex's turn with a namespace of functions first among its tools
     body = codex_request("alpha", web_search=False)
-    body["tools"].append(NAMESPACE)
+    body["tools"].insert(0, NAMESPACE)
 
-    error = _refused(_post(api, "/v1/responses", body), "tools[2].type")
-    assert "namespace" in error["message"]
+    # When alpha calls the first function it is offered
+    completed = _events(_post(api, "/v1/responses", body))[-1]
+
+    # Then it was offered the namespace's function as one plain function, and its call comes
+    # back as the client named it: the function's own name, and the namespace beside it
+    offered = api.workers["alpha"].tools_offered[-1].tools
+    assert offered[0].name == "mcp__docs____search"
+    assert offered[0].parameters == NAMESPACE["tools"][0]["parameters"]
+    [call] = [i for i in completed["response"]["output"] if i["type"] == "function_call"]
+    assert (call["name"], call["namespace"]) == ("search", "mcp__docs__")
+
+    # When the client sends the call back with its output, the worker reads the pair as one
+    second = next_turn(body, call, "3 pages")
+    second["input"][-2]["namespace"] = "mcp__docs__"
+    completed = _events(_post(api, "/v1/responses", second))[-1]
+    assert completed["type"] == "response.completed"
+    sent = api.workers["alpha"].calls[-1].messages
+    assert sent[-2].tool_calls[0].name == "mcp__docs____search"
+    assert sent[-1].content == "3 pages"
 
 
 def test_codex_runs_a_tool_calling_turn_against_a_worker(api: Api) -> None:

@@ -20,7 +20,12 @@ Codex (github.com/openai/codex, Rust) builds each turn's body in
   ``codex-rs/core/src/responses_metadata.rs``): the installation, session, thread, window and
   turn ids, and ``x-codex-turn-metadata``, a JSON text of the turn (sandbox, workspaces...).
 
-No Codex code is here: the ids and texts are made up, the shape is Codex's.
+No Codex code is here: the ids and texts are made up, the shape is Codex's as its source
+read when this was written. The binary itself (0.171.0) is run against the API by
+``tests/api/test_codex_cli.py``; measured there, its turns also carry a ``namespace`` tool
+(``multi_agent_v1``, its sub-agent functions) among nine tools, its base instructions as a
+first developer message instead of ``instructions``, item ids, and ``root_turn_id`` in
+``client_metadata``. This body keeps the fields each test here needs.
 """
 
 from __future__ import annotations

@@ -171,11 +171,14 @@ EXAMPLE_VALUES: dict[str, Any] = {
 
 
 def example_arguments(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """Arguments for a function's parameters: a fixed value of each property's type."""
+    """Arguments for a function's parameters: a fixed value of each required property's type
+    (every property's when none is marked required), as a model leaves optional ones out."""
     properties = schema.get("properties") or {}
+    required = schema.get("required")
     return {
         name: EXAMPLE_VALUES.get(str(spec.get("type", "string")), "Paris")
         for name, spec in properties.items()
+        if required is None or name in required
     }
 
 

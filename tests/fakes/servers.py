@@ -8,9 +8,10 @@ starts them (to try that path on a machine with servers), ``running`` never does
 server fails the tests that need it). A URL given in ``CONDUCTOR_TEST_POSTGRES_URL`` or
 ``CONDUCTOR_TEST_REDIS_URL`` is used as it is.
 
-Three tiers need what no wheel ships: ``rabbitmq`` (the RabbitMQ-broker variants: a RabbitMQ
+Four tiers need what no wheel ships: ``rabbitmq`` (the RabbitMQ-broker variants: a RabbitMQ
 running, or installed so that the session starts one), ``browser`` (the trace viewer in
-Debian's chromium) and ``curl`` (the docs' curl examples, run with curl). Where this machine
+Debian's chromium), ``curl`` (the docs' curl examples, run with curl) and ``codex`` (the
+Codex CLI from npm, ``codex_binary``, driven against the API). Where this machine
 lacks what one needs, its tests are deselected, unless ``-m`` names the tier or
 ``CONDUCTOR_TEST_REQUIRE`` does (CI names them all: there they must run). The
 run's summary says which servers were used and which tiers ran or were left out.
@@ -48,12 +49,17 @@ DECIDED_ENV = "CONDUCTOR_TEST_TIERS_DECIDED"
 WORKER_OUTPUT = "conductor_test_servers"
 DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 AMQP_HOST, AMQP_PORT = "127.0.0.1", 5672
-TIERS = ("rabbitmq", "browser", "curl")
+TIERS = ("rabbitmq", "browser", "curl", "codex")
 WHAT = {
     "rabbitmq": "RabbitMQ-broker variants",
     "browser": "browser tests",
     "curl": "tests of the docs' curl examples",
+    "codex": "runs of the Codex CLI",
 }
+# Where CI installs the Codex CLI (npm install --prefix .codex-cli @openai/codex); else one
+# named by CONDUCTOR_TEST_CODEX, else one on PATH.
+CODEX_PREFIX = ".codex-cli"
+CODEX_ENV = "CONDUCTOR_TEST_CODEX"
 
 
 def mode() -> str:
@@ -167,6 +173,25 @@ def _curl_here() -> str | None:
     return None if shutil.which("curl") else "curl is not installed (apt-get install curl)"
 
 
+def codex_binary() -> str | None:
+    """The Codex CLI these tests drive, or None."""
+    named = os.environ.get(CODEX_ENV)
+    if named:
+        return named
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    installed = os.path.join(root, CODEX_PREFIX, "node_modules", ".bin", "codex")
+    return installed if os.path.exists(installed) else shutil.which("codex")
+
+
+def _codex_here() -> str | None:
+    if codex_binary() is not None:
+        return None
+    return (
+        f"the Codex CLI is not installed (npm install --prefix {CODEX_PREFIX} @openai/codex, "
+        f"or name it in {CODEX_ENV})"
+    )
+
+
 def _decide(config: pytest.Config) -> dict[str, str]:
     """The tiers this run leaves out, with the reason: decided once, by the controller."""
     decided = os.environ.get(DECIDED_ENV)
@@ -175,7 +200,12 @@ def _decide(config: pytest.Config) -> dict[str, str]:
     required = {name.strip() for name in os.environ.get(REQUIRE_ENV, "").split(",")}
     selected = set(re.findall(r"\w+", config.getoption("markexpr") or ""))
     out: dict[str, str] = {}
-    checks = (("rabbitmq", _rabbitmq_here), ("browser", _browser_here), ("curl", _curl_here))
+    checks = (
+        ("rabbitmq", _rabbitmq_here),
+        ("browser", _browser_here),
+        ("curl", _curl_here),
+        ("codex", _codex_here),
+    )
     for tier, check in checks:
         why_not = check()
         if why_not is not None and tier not in required and tier not in selected:

@@ -11,6 +11,7 @@ from conductor.chat import Usage
 from conductor_adapters.store.responses import StoredResponse
 from conductor_api.openai_shared import conductor_field, openai_usage, workflow_failed
 from conductor_api.schemas import UsageView, WorkflowView
+from conductor_api.tools import namespaces_of, split_namespaced
 
 # A workflow's status, as a response's.
 STATUS = {
@@ -76,15 +77,20 @@ def function_call_item(
     stored: StoredResponse, index: int, call: dict[str, Any], status: str
 ) -> dict[str, Any]:
     """A function call the worker asked for (``call``: a ToolCall's fields), as an output item;
-    its id is derived from the response's, like the message's."""
-    return {
+    its id is derived from the response's, like the message's. A function of a namespace tool
+    is named as the client named it, with its ``namespace``."""
+    namespace, name = split_namespaced(call["name"], namespaces_of(stored.settings.get("tools")))
+    item = {
         "id": f"fc_{stored.id.hex}_{index}",
         "type": "function_call",
         "call_id": call["id"],
-        "name": call["name"],
+        "name": name,
         "arguments": call["arguments"] if status == "completed" else "",
         "status": status,
     }
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
 def output_items(

@@ -26,7 +26,7 @@ from conductor_api.schemas import (
     ChatMessageIn,
     ContentPart,
 )
-from conductor_api.tools import tool_call
+from conductor_api.tools import namespaced, tool_call
 
 ROLES = ("user", "system", "developer", "assistant")
 Role = Literal["user", "system", "developer", "assistant", "tool"]
@@ -179,8 +179,8 @@ def _item(item: Any, index: int) -> dict[str, Any]:
 def _function_call(item: dict[str, Any], param: str) -> dict[str, Any]:
     call = tool_call(item.get("call_id"), item.get("name"), item.get("arguments"), param)
     checked_text(call.arguments, f"{param}.arguments")
-    ident = item.get("id")
-    return {
+    ident, namespace = item.get("id"), item.get("namespace")
+    stored = {
         "id": ident if isinstance(ident, str) and ident else f"fc_{uuid.uuid4().hex}",
         "type": "function_call",
         "call_id": call.id,
@@ -188,6 +188,11 @@ def _function_call(item: dict[str, Any], param: str) -> dict[str, Any]:
         "arguments": call.arguments,
         "status": "completed",
     }
+    if namespace is not None:  # a call of a namespace tool's function
+        if not isinstance(namespace, str) or not namespace:
+            raise invalid(f"{param}.namespace", "expected the name of the call's namespace")
+        stored["namespace"] = namespace
+    return stored
 
 
 def _function_call_output(item: dict[str, Any], param: str) -> dict[str, Any]:
@@ -277,10 +282,13 @@ def turns(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for item in items:
         kind = item.get("type", "message")
         if kind == "function_call":
+            name = item["name"]
+            if item.get("namespace"):
+                name = namespaced(item["namespace"], name)
             call = {
                 "id": item["call_id"],
                 "type": "function",
-                "function": {"name": item["name"], "arguments": item["arguments"]},
+                "function": {"name": name, "arguments": item["arguments"]},
             }
             if not out or out[-1]["role"] != "assistant":
                 out.append({"role": "assistant", "content": ""})

@@ -24,9 +24,11 @@ CHOICES = ("auto", "none", "required")
 HOSTED = {
     "web_search": "No worker searches the web for a request; Codex CLI sends it unless its "
     'config.toml says web_search = "disabled" (or -c web_search=disabled).',
-    "namespace": "Codex CLI groups an MCP server's or app's functions in a namespace, whose "
-    "calls name it; workers take plain functions only: run Codex without MCP servers and apps.",
 }
+# A Responses ``namespace`` tool groups functions (Codex CLI's sub-agent tools, an MCP
+# server's): a worker is offered each as one plain function, ``<namespace>__<name>``, and its
+# call goes back to the client as ``{"name", "namespace"}``, which is how the client routes it.
+NAMESPACE_JOIN = "__"
 TOOL_WORKERS = ", ".join(sorted(p.value for p in TOOL_CALLING_PROVIDERS))
 
 
@@ -48,14 +50,60 @@ def _tool_spec(function: Any, param: str) -> ToolSpec:
         raise invalid(f"{param}.{where}", exc.errors()[0]["msg"]) from None
 
 
+def namespaced(namespace: str, name: str) -> str:
+    """A namespace's function as a worker is offered it: one plain function name."""
+    return f"{namespace}{NAMESPACE_JOIN}{name}"
+
+
+def split_namespaced(name: str, namespaces: list[str]) -> tuple[str | None, str]:
+    """(the namespace, the function's own name) of a called name; (None, name) for a plain
+    function."""
+    for namespace in namespaces:
+        prefix = namespaced(namespace, "")
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return namespace, name[len(prefix) :]
+    return None, name
+
+
+def namespaces_of(tools: Any) -> list[str]:
+    """The names of the namespace tools in a Responses request's ``tools``."""
+    if not isinstance(tools, list):
+        return []
+    return [
+        str(t["name"])
+        for t in tools
+        if isinstance(t, Mapping) and t.get("type") == "namespace" and t.get("name")
+    ]
+
+
+def _namespace_specs(tool: Mapping[str, Any], param: str) -> list[ToolSpec]:
+    namespace, functions = tool.get("name"), tool.get("tools")
+    if not isinstance(namespace, str) or not namespace:
+        raise invalid(f"{param}.name", "a namespace needs its name")
+    if not isinstance(functions, list) or not functions:
+        raise invalid(f"{param}.tools", "expected a non-empty list of function tools")
+    specs = []
+    for j, function in enumerate(functions):
+        where = f"{param}.tools[{j}]"
+        if not isinstance(function, Mapping) or function.get("type") != "function":
+            raise unsupported(f"{where}.type", "a namespace holds function tools only")
+        flat = {**function, "name": namespaced(namespace, str(function.get("name") or ""))}
+        specs.append(_tool_spec(flat, where))
+    return specs
+
+
 def _tool_list(raw: list[Any], nested: bool) -> list[ToolSpec]:
     """``nested``: Chat Completions' ``{"type": "function", "function": {...}}``; else the
-    Responses API's flat ``{"type": "function", "name": ...}``."""
+    Responses API's flat ``{"type": "function", "name": ...}``, where a ``namespace`` tool's
+    functions are offered as plain ones."""
     specs = []
     for i, tool in enumerate(raw):
         param = f"tools[{i}]"
         if not isinstance(tool, Mapping):
             raise invalid(param, "expected a tool object")
+        if not nested and tool.get("type") == "namespace":
+            specs.extend(_namespace_specs(tool, param))
+            continue
         if tool.get("type") != "function":
             kind = tool.get("type")
             raise unsupported(
