@@ -21,6 +21,7 @@ from conductor.machine import (
     Aborted,
     Action,
     Cancelled,
+    Dispatch,
     Fact,
     PlanFailed,
     PlanReady,
@@ -31,7 +32,7 @@ from conductor.machine import (
 )
 from conductor.orchestration import check_question
 from conductor.pool import Pool
-from conductor.ports import Planner, StepRunner, WorkflowObserver
+from conductor.ports import AnswerStreams, DeltaSink, Planner, StepRunner, WorkflowObserver
 from conductor.variants import Variant
 from conductor.workflow import AttemptRecord, PoolEntry, WorkflowRecord
 
@@ -51,6 +52,7 @@ class WorkflowExecutor:
         pool: Pool,
         gateway: StepRunner,
         observers: Sequence[WorkflowObserver] = (),
+        answer_streams: AnswerStreams | None = None,
     ) -> None:
         callable_names = gateway.worker_names
         missing = sorted(callable_names - {w.name for w in pool.workers})
@@ -60,6 +62,8 @@ class WorkflowExecutor:
         self.pool = pool
         self.gateway = gateway
         self.observers = list(observers)
+        # Where a streamed answering step's text goes as it is written (None: nowhere).
+        self.answer_streams = answer_streams
         # The Conductor sees the callable workers, in pool order, as Model 0..N-1.
         self.entries = [
             PoolEntry(name=w.name, description=w.description)
@@ -78,11 +82,13 @@ class WorkflowExecutor:
         answer_format: AnswerFormat | None = None,
         tenant: str | None = None,
         tools: ToolUse | None = None,
+        stream_answer: bool = False,
     ) -> WorkflowRecord:
         """Run one workflow; ``pool`` limits the workers the Conductor sees (None: all);
         ``answer_format`` is the form its answer must take (None: any text); ``tenant`` is
         whose workflow it is (its calls take a fair turn on busy workers); ``tools`` are the
-        client's functions, offered to the step that writes the answer."""
+        client's functions, offered to the step that writes the answer; ``stream_answer``:
+        that step's text goes to ``answer_streams`` as it is written, where it is the answer."""
         check_question(question)
         entries = self.entries_for(pool)
         if not entries:
@@ -97,6 +103,7 @@ class WorkflowExecutor:
             tenant=tenant,
             tools=tools,
             tool_workers=self.pool.tool_workers,
+            stream_answer=stream_answer and self.answer_streams is not None,
         )
         tasks: set[asyncio.Task[Fact]] = set()
         late: list[Fact] = []  # the calls of steps cancelled with the workflow (see _perform)
@@ -163,6 +170,7 @@ class WorkflowExecutor:
                     tools=action.tools,
                     attempts=made,
                     answer_format=action.answer_format,
+                    deltas=self._sink(machine, action),
                 )
         except TimeoutError:
             error = f"no answer within {variant.step_timeout_s:g} s"
@@ -175,6 +183,11 @@ class WorkflowExecutor:
             attempts = tuple(exc.attempts) if isinstance(exc, StepCallFailed) else tuple(made)
             return StepFailed(action.step, step_error(exc), attempts)
         return StepSucceeded(action.step, call)
+
+    def _sink(self, machine: WorkflowMachine, action: Dispatch) -> DeltaSink | None:
+        if not action.streams or self.answer_streams is None:
+            return None
+        return self.answer_streams.sink(machine.result.workflow_id, action.step)
 
     async def _deliver(self, machine: WorkflowMachine) -> None:
         """Tell the observers what the machine recorded since the last delivery, in order."""

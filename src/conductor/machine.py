@@ -176,6 +176,9 @@ class Dispatch(BaseModel):
     # answer only.
     tools: ToolUse | None = None
     answer_format: AnswerFormat | None = None
+    # Whether its answer streams to the client as the worker writes it (see
+    # ``WorkflowMachine._streams``).
+    streams: bool = False
     # The step's deadline for this send: past it the step is sent again or fails, so nobody
     # waits for the answer of this send any longer.
     expires_at: datetime
@@ -215,6 +218,9 @@ class WorkflowState(BaseModel):
     # The pool's workers whose wire format carries tools, in pool order: while tools are
     # offered, the answering step runs on one of them.
     tool_workers: list[str] = Field(default_factory=list)
+    # Whether its client streams the answer: the final answering step's text then goes to
+    # it as the worker writes it.
+    stream_answer: bool = False
 
     @property
     def finished(self) -> bool:
@@ -239,6 +245,7 @@ class WorkflowMachine:
         tenant: str | None = None,
         tools: ToolUse | None = None,
         tool_workers: Sequence[str] = (),
+        stream_answer: bool = False,
     ) -> WorkflowMachine:
         """A new workflow. With ``tools``, a one-step variant's Conductor sees only the
         ``tool_workers`` (its one step answers), and a workflow whose pool has none of them
@@ -263,6 +270,7 @@ class WorkflowMachine:
             tenant=tenant,
             tools=tools,
             tool_workers=[e.name for e in takers] if tools else [],
+            stream_answer=stream_answer,
         )
         machine = cls(state)
         machine._emit(EventKind.STARTED, workers=[e.name for e in entries])
@@ -386,6 +394,7 @@ class WorkflowMachine:
             tenant=self.state.tenant,
             tools=self.state.tools if answers else None,
             answer_format=form if answers else None,
+            streams=answers and self._streams(step),
             expires_at=sent_at + timedelta(seconds=self.state.variant.step_timeout_s),
         )
 
@@ -644,6 +653,18 @@ class WorkflowMachine:
         self.result.status, self.result.error = WorkflowStatus.CANCELLED, reason
         self._end(EventKind.CANCELLED)
         return True
+
+    def _streams(self, step: StepRecord) -> bool:
+        """Whether the answering ``step``'s text goes to the client as its worker writes it:
+        only when that text is the workflow's answer as written, known before it ends. Not
+        with a required form (the answer is the JSON taken out of the text), nor with tools
+        (it may be calls), nor in a round the Conductor reviews (a later round may replace
+        it)."""
+        state = self.state
+        if not state.stream_answer or state.answer_format is not None or state.tools is not None:
+            return False
+        same_round = (s for s in self.result.steps if s.round == step.round)
+        return not any(s.kind is StepKind.CONDUCTOR for s in same_round)
 
     def _writes_the_answer(self, step: StepRecord) -> bool:
         """Whether ``step`` is its round's last worker step: the one whose answer stands."""

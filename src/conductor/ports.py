@@ -6,7 +6,8 @@ distributed mode (gRPC planner, Celery gateway) run the same orchestration.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Sequence
+import uuid
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -116,6 +117,17 @@ class StepCallResult(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)  # asked for instead of text
 
 
+# Where an answer's text goes as its worker writes it, a piece at a time.
+DeltaSink = Callable[[str], None]
+
+
+class AnswerStreams(Protocol):
+    """Where the embedded driver sends the text of a workflow's streamed answering step as it
+    arrives (the API hands it to the client that waits for the answer)."""
+
+    def sink(self, workflow_id: uuid.UUID, step: int) -> DeltaSink: ...
+
+
 class StepRunner(Protocol):
     """Runs one step's worker call with the gateway's retries, quotas, fallbacks and costs.
 
@@ -138,6 +150,7 @@ class StepRunner(Protocol):
         sampling: Sampling | None = None,
         attempts: list[AttemptRecord] | None = None,
         answer_format: AnswerFormat | None = None,
+        deltas: DeltaSink | None = None,
     ) -> StepCallResult:
         """``allowed_workers``: every worker the call may reach, fallbacks included (a
         workflow's pool, an API key's pool); None: any worker of the pool. ``tenant``: whose
@@ -146,6 +159,9 @@ class StepRunner(Protocol):
         ``sampling``: a direct call's own max_tokens and temperature (None: the worker's).
         ``answer_format``: the JSON the answer must be, asked of the provider natively where
         its wire format can (``FormattedAnswerWorker``); the caller validates the answer.
+        ``deltas``: receives the answer's text as the worker writes it (the call streams,
+        whatever the pool file says); once any text has gone to it, a failed attempt is not
+        retried, since its receiver has shown that text.
         ``attempts``: where each provider call is appended as it is made, so that a caller who
         cancels the call still knows the calls that may be billed (a runner whose calls are
         recorded elsewhere may leave it empty)."""

@@ -29,7 +29,7 @@ from fakes.api_server import LiveApi, TwoStepBackend, named_pool, scripted_servi
 from fakes.distributed import distributed_stack
 from fakes.scripted import ScriptedWorker
 
-NAMES = ["alpha", "beta", "gamma", "delta", "slow", "jsoner", "narrow", "native"]
+NAMES = ["alpha", "beta", "gamma", "delta", "slow", "jsoner", "narrow", "native", "teller"]
 SLOW_S = 60.0  # slow answers after a minute: long enough to be cancelled first
 # delta is always down, and its pool entry falls back to alpha.
 FALLBACKS = {"delta": ["alpha"]}
@@ -60,10 +60,14 @@ def scripted_workers() -> list[ScriptedWorker]:
         ScriptedWorker("narrow", delay_s=NARROW_S, answer=_answer("narrow")),
         # Writes JSON only when its provider is asked for it natively, prose when told in words.
         ScriptedWorker("native", answer=lambda _: "forty-two", native_json=JSON_ANSWER),
+        # Streamed, it tells its answer a word every TELLER_WORD_S.
+        ScriptedWorker("teller", answer=lambda _: TOLD, word_delay_s=TELLER_WORD_S),
     ]
 
 
 JSON_ANSWER = {"answer": 42, "unit": "none"}
+TOLD = "six times seven is forty-two"
+TELLER_WORD_S = 0.2
 
 
 def json_when_asked(messages: list[Any]) -> str:

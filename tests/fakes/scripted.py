@@ -51,6 +51,9 @@ class ScriptedWorker:
     # whatever the prompt says; None: it answers as it would anyway.
     native_json: dict[str, Any] | None = None
     formats_asked: list[AnswerFormat] = field(default_factory=list)
+    # Streamed, its answer comes a word at a time, this long apart (after ``delay_s``).
+    word_delay_s: float = 0.0
+    streams: int = 0  # calls made streamed
 
     async def complete(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
@@ -140,8 +143,17 @@ class ScriptedWorker:
     async def stream(
         self, messages: Sequence[ChatMessage], *, max_tokens: int, temperature: float
     ) -> AsyncIterator[StreamEvent]:
+        """Its answer a word at a time, ``word_delay_s`` apart; the call is marked finished
+        once the last word is out."""
+        self.streams += 1
         completion = await self.complete(messages, max_tokens=max_tokens, temperature=temperature)
-        yield TextDelta(completion.text)
+        call = self.calls[-1]
+        call.finished = 0.0
+        for i, word in enumerate(completion.text.split(" ")):
+            if i:
+                await asyncio.sleep(self.word_delay_s)
+            yield TextDelta(word if i == 0 else f" {word}")
+        call.finished = time.perf_counter()
         yield StreamEnd(completion.usage, "stop", completion.model)
 
     async def aclose(self) -> None:

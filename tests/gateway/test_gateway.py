@@ -107,6 +107,40 @@ async def test_a_stream_cut_mid_way_is_retried_and_the_answer_is_the_whole_one(
     assert all(r.json["stream"] is True for r in fake_openai.chat_requests)
 
 
+async def test_a_call_given_a_receiver_streams_and_hands_it_the_text_as_it_arrives(
+    fake_openai: FakeOpenAIServer, gateway_for
+) -> None:
+    # Given a worker the pool file does not stream
+    fake_openai.enqueue(streamed("The answer is four.", pieces=4))
+    gateway = gateway_for(_spec("primary", fake_openai.base_url))
+    pieces: list[str] = []
+
+    result = await gateway.call("primary", MESSAGES, deltas=pieces.append)
+
+    assert fake_openai.chat_requests[-1].json["stream"] is True
+    assert len(pieces) == 4
+    assert "".join(pieces) == result.text == "The answer is four."
+
+
+async def test_text_that_went_out_is_not_written_again_by_a_retry_or_a_fallback(
+    fake_openai: FakeOpenAIServer, gateway_for
+) -> None:
+    # Given a stream cut after its first piece, a retry allowed and a fallback
+    fake_openai.enqueue(streamed("The answer is four.", cut_after=2), streamed("Four."))
+    gateway = gateway_for(
+        _spec("primary", fake_openai.base_url, fallbacks=["backup"]),
+        _spec("backup", fake_openai.base_url),
+        policy=RetryPolicy(max_attempts=3, base_delay_s=0.01),
+    )
+    pieces: list[str] = []
+
+    # Then the call fails after one attempt: its receiver has shown the piece
+    with pytest.raises(StepCallFailed, match="StreamInterrupted") as caught:
+        await gateway.call("primary", MESSAGES, deltas=pieces.append)
+    assert len(caught.value.attempts) == 1
+    assert len(pieces) == 1
+
+
 async def test_streams_cut_on_every_attempt_are_reported_never_returned_as_an_answer(
     fake_openai: FakeOpenAIServer, gateway_for
 ) -> None:

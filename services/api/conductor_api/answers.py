@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 
@@ -103,3 +105,57 @@ async def workflow_progress(
     finally:
         if not finished:
             _cancel_in_background(service, workflow_id, tenant)
+
+
+@dataclass(frozen=True)
+class AnswerText:
+    """A piece of the answer's text, as the answering step's worker wrote it."""
+
+    text: str
+
+
+async def with_answer_text(
+    service: WorkflowService,
+    workflow_id: uuid.UUID,
+    progress: AsyncGenerator[str, None],
+    opening: int,
+) -> AsyncGenerator[str | AnswerText, None]:
+    """A workflow's stream (``workflow_progress``) with the text of its streamed answering
+    step put in as it is written, after the stream's ``opening`` lines (its start, which a
+    client reads first): every piece is out before the stream ends (the step's text is all
+    written before the step, and so the workflow, is recorded as ended). Where the runtime
+    streams no answers, the stream as it is."""
+    pieces = service.runtime.answer_pieces
+    if pieces is None:
+        async for line in progress:
+            yield line
+        return
+    seen = 0
+    next_line: asyncio.Future[str] = asyncio.ensure_future(anext(progress))
+    more: asyncio.Future[None] | None = None
+    try:
+        while True:
+            more = asyncio.ensure_future(pieces.wait(workflow_id, seen))
+            waiting: set[asyncio.Future[Any]] = {next_line, more}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            more.cancel()
+            if next_line.done():
+                try:
+                    line = next_line.result()
+                except StopAsyncIteration:
+                    break
+                yield line
+                opening -= 1
+                next_line = asyncio.ensure_future(anext(progress))
+            if opening <= 0:
+                for text in pieces.after(workflow_id, seen):
+                    seen += 1
+                    yield AnswerText(text)
+        for text in pieces.after(workflow_id, seen):
+            yield AnswerText(text)
+    finally:
+        next_line.cancel()
+        if more is not None:
+            more.cancel()
+        pieces.drop(workflow_id)
+        await progress.aclose()

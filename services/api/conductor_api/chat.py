@@ -25,7 +25,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from conductor.answer_format import AnswerFormat
 from conductor.chat import ToolCall, ToolUse
 from conductor_api.admission import keep_limit_headers
-from conductor_api.answers import completed_workflow, disconnected, workflow_progress
+from conductor_api.answers import (
+    AnswerText,
+    completed_workflow,
+    disconnected,
+    with_answer_text,
+    workflow_progress,
+)
 from conductor_api.auth import CallerDep, ServiceDep
 from conductor_api.chat_request import ChatCompletionRequest
 from conductor_api.direct_calls import DirectCall
@@ -158,6 +164,7 @@ async def answer_chat(
         fields=CHAT_FIELDS,
         answer_format=workflow_answer_format(answer_format, body.messages),
         tools=tools,
+        stream_answer=bool(body.stream),
     )
     keep_limit_headers(request, started.limit_headers)
     workflow_id, timeout_s = started.workflow_id, started.timeout_s
@@ -187,10 +194,16 @@ async def _workflow_stream(
     start = {"workflow_id": str(workflow_id), "status": "running"}
     role = out.delta({"role": "assistant", "content": ""}, conductor=start)
     progress = workflow_progress(service, workflow_id, tenant, timeout_s, [role])
+    merged = with_answer_text(service, workflow_id, progress, 1)
+    streamed = False  # the answer's text went out as it was written
     try:
-        async with contextlib.aclosing(progress):
-            async for line in progress:
-                yield line
+        async with contextlib.aclosing(merged) as lines:
+            async for line in lines:
+                if isinstance(line, AnswerText):
+                    streamed = True
+                    yield out.delta({"content": line.text})
+                else:
+                    yield line
     except ApiError as timed_out:
         yield data_line(error_body(timed_out.status, timed_out.message, code=timed_out.code))
         yield DONE
@@ -201,7 +214,7 @@ async def _workflow_stream(
         yield data_line(error_body(error.status, error.message, code=error.code))
         yield DONE
         return
-    if view.answer or not view.tool_calls:
+    if not streamed and (view.answer or not view.tool_calls):
         yield out.delta({"content": view.answer or ""})
     for line in _call_deltas(out, view.tool_calls):
         yield line

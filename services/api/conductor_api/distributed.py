@@ -30,7 +30,12 @@ from conductor.pool import Pool
 from conductor.ports import StepRunner
 from conductor_adapters.outbox_relay import OutboxRelay
 from conductor_adapters.store.runs import SubmitRequest, stage_cancel, stage_submission
-from conductor_api.runtime import ANNOUNCED_POLL_S, POLL_INTERVAL_S, EventSignals
+from conductor_api.runtime import (
+    ANNOUNCED_POLL_S,
+    POLL_INTERVAL_S,
+    AnswerPieces,
+    EventSignals,
+)
 
 logger = logging.getLogger(__name__)
 CHECK_TIMEOUT_S = 2.0
@@ -59,6 +64,8 @@ class DistributedRuntime:
         self.engine = engine
         self.pool = pool
         self.signals = EventSignals()
+        # Aggregators and gateways run the workflows: their answers come whole for now.
+        self.answer_pieces: AnswerPieces | None = None
         self.app = app
         self.redis = redis
         self.redis_prefix = redis_prefix

@@ -30,6 +30,7 @@ from conductor_adapters.webhooks import attempt, claim_due
 from conductor_api.runtime import (
     ANNOUNCED_POLL_S,
     POLL_INTERVAL_S,
+    AnswerPieces,
     EventSignals,
     WorkflowElsewhere,
 )
@@ -60,6 +61,9 @@ class EmbeddedRuntime:
         self.engine = store.engine
         self.pool = pool
         self.signals = EventSignals()
+        # The executor runs here, so the text of a streamed answer goes straight to its client.
+        self.answer_pieces: AnswerPieces | None = AnswerPieces()
+        executor.answer_streams = self.answer_pieces
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.executor = executor
         self.runner = gateway
@@ -126,6 +130,7 @@ class EmbeddedRuntime:
                 answer_format=request.answer_format,
                 tenant=request.tenant,
                 tools=request.tools,
+                stream_answer=request.stream_answer,
             ),
             name=f"workflow-{workflow_id}",
         )

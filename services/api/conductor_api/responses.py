@@ -40,7 +40,13 @@ from conductor_adapters.store.responses import (
 )
 from conductor_api import completions, responses_tokens
 from conductor_api.admission import keep_limit_headers
-from conductor_api.answers import completed_workflow, disconnected, workflow_progress
+from conductor_api.answers import (
+    AnswerText,
+    completed_workflow,
+    disconnected,
+    with_answer_text,
+    workflow_progress,
+)
 from conductor_api.auth import CallerDep, ServiceDep
 from conductor_api.direct_calls import DirectCall
 from conductor_api.errors import ApiError, invalid, not_found, unknown_model, unsupported
@@ -138,11 +144,17 @@ async def _workflow_stream(
     events = ResponseEvents()
     start = {"workflow_id": str(workflow_id), "variant": stored.model, "status": "running"}
     snapshot = response_object(stored, status="in_progress", text=None, usage=None, conductor=start)
-    progress = workflow_progress(service, workflow_id, tenant, timeout_s, events.started(snapshot))
+    opening = events.started(snapshot)
+    progress = workflow_progress(service, workflow_id, tenant, timeout_s, opening)
+    merged = with_answer_text(service, workflow_id, progress, len(opening))
     try:
-        async with contextlib.aclosing(progress):
-            async for line in progress:
-                yield line
+        async with contextlib.aclosing(merged) as lines:
+            async for line in lines:
+                if isinstance(line, AnswerText):
+                    for event in events.text_delta(stored, line.text):
+                        yield event
+                else:
+                    yield line
     except ApiError as timed_out:
         yield events.failed(snapshot, "failed", timed_out.message)
         return
@@ -246,6 +258,7 @@ async def create_response(
         fields=RESPONSE_FIELDS,
         answer_format=workflow_answer_format(answer_format, messages),
         tools=tools,
+        stream_answer=bool(body.stream),
     )
     keep_limit_headers(request, started.limit_headers)
     workflow_id, timeout_s = started.workflow_id, started.timeout_s

@@ -1,8 +1,9 @@
 """The server-sent events of a streamed ``/v1/responses`` answer, as the OpenAI SDKs parse them
 (``openai.types.responses.ResponseStreamEvent``).
 
-A workflow's answer comes whole when it finishes, so the text arrives as one delta; until then
-the stream carries the workflow's progress as SSE comments, which the SDKs skip.
+A workflow's answer comes as one delta when it finishes, unless its answering step streams
+(``WorkflowMachine._streams``): its text then arrives in deltas as the worker writes it. Until
+then the stream carries the workflow's progress as SSE comments, which the SDKs skip.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class ResponseEvents:
 
     def __init__(self) -> None:
         self.sequence = 0
+        self.text_started = False  # the message's text is being streamed as it is written
 
     def event(self, kind: str, **fields: Any) -> str:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -48,7 +50,11 @@ class ResponseEvents:
         (unless the answer is function calls alone), then each function call."""
         calls = calls or []
         with_text = not calls or bool(text)  # the message item comes first, at index 0
-        lines = self._message(stored, text) if with_text else []
+        lines: list[str] = []
+        if self.text_started:  # its start and text went out already: its ends are left
+            lines = self._message_done(stored, text)
+        elif with_text:
+            lines = self._message(stored, text)
         for i, call in enumerate(calls):
             lines += self._function_call(stored, with_text, i, call)
         # An answer cut at max_output_tokens ends "incomplete", as the Responses API ends it.
@@ -77,7 +83,14 @@ class ResponseEvents:
             self.event("response.output_item.done", output_index=output_index, item=done),
         ]
 
-    def _message(self, stored: StoredResponse, text: str) -> list[str]:
+    def text_delta(self, stored: StoredResponse, text: str) -> list[str]:
+        """A piece of the answer's text as it is written (the message's start first)."""
+        lines = [] if self.text_started else self._message_start(stored)
+        self.text_started = True
+        where = {"item_id": output_item_id(stored), "output_index": 0, "content_index": 0}
+        return [*lines, self.event("response.output_text.delta", **where, delta=text, logprobs=[])]
+
+    def _message_start(self, stored: StoredResponse) -> list[str]:
         where = {"item_id": output_item_id(stored), "output_index": 0, "content_index": 0}
         return [
             self.event(
@@ -86,7 +99,19 @@ class ResponseEvents:
                 item=output_item(stored, "", "in_progress"),
             ),
             self.event("response.content_part.added", **where, part=text_part("")),
+        ]
+
+    def _message(self, stored: StoredResponse, text: str) -> list[str]:
+        where = {"item_id": output_item_id(stored), "output_index": 0, "content_index": 0}
+        return [
+            *self._message_start(stored),
             self.event("response.output_text.delta", **where, delta=text, logprobs=[]),
+            *self._message_done(stored, text),
+        ]
+
+    def _message_done(self, stored: StoredResponse, text: str) -> list[str]:
+        where = {"item_id": output_item_id(stored), "output_index": 0, "content_index": 0}
+        return [
             self.event("response.output_text.done", **where, text=text, logprobs=[]),
             self.event("response.content_part.done", **where, part=text_part(text)),
             self.event(

@@ -18,7 +18,7 @@ from typing import Protocol
 from sqlalchemy import Engine
 
 from conductor.pool import Pool
-from conductor.ports import StepRunner
+from conductor.ports import DeltaSink, StepRunner
 from conductor_adapters.store.runs import SubmitRequest
 
 # A reader re-reads a workflow's events this often when announcements may not reach it (a
@@ -45,6 +45,8 @@ class WorkflowRuntime(Protocol):
     pool: Pool
     runner: StepRunner  # calls of one worker: the gateway's retries, quotas, costs
     signals: EventSignals  # where the runtime announces stored events
+    # The text of streamed answers as it is written; None: answers come whole (distributed).
+    answer_pieces: AnswerPieces | None
 
     @property
     def worker_names(self) -> list[str]:
@@ -130,3 +132,40 @@ class EventSignals:
         except TimeoutError:
             return False
         return True
+
+
+class AnswerPieces:
+    """The text of workflows' streamed answering steps, as their workers write it, for the
+    clients that stream those answers (``AnswerStreams`` for the embedded driver).
+
+    A workflow's pieces are kept from its first until ``drop`` (its stream has ended), so a
+    reader that subscribes late reads them from the start; only workflows whose client
+    streams have any.
+    """
+
+    def __init__(self) -> None:
+        self._pieces: dict[uuid.UUID, list[str]] = {}
+        self._wakeups: dict[uuid.UUID, asyncio.Event] = {}
+
+    def sink(self, workflow_id: uuid.UUID, step: int) -> DeltaSink:
+        # One answering step streams per workflow (``WorkflowMachine._streams``).
+        def add(text: str) -> None:
+            self._pieces.setdefault(workflow_id, []).append(text)
+            wakeup = self._wakeups.pop(workflow_id, None)
+            if wakeup is not None:
+                wakeup.set()
+
+        return add
+
+    def after(self, workflow_id: uuid.UUID, seen: int) -> list[str]:
+        """The pieces past the first ``seen``."""
+        return self._pieces.get(workflow_id, [])[seen:]
+
+    async def wait(self, workflow_id: uuid.UUID, seen: int) -> None:
+        """Return once there are more than ``seen`` pieces."""
+        while len(self._pieces.get(workflow_id, [])) <= seen:
+            await self._wakeups.setdefault(workflow_id, asyncio.Event()).wait()
+
+    def drop(self, workflow_id: uuid.UUID) -> None:
+        self._pieces.pop(workflow_id, None)
+        self._wakeups.pop(workflow_id, None)

@@ -161,6 +161,7 @@ class WorkflowService:
         tools: ToolUse | None = None,
         callback_url: str | None = None,
         idempotency_key: str | None = None,
+        stream_answer: bool = False,
     ) -> Started:
         """Check the request against every rule, admit it, and start its workflow; with an
         ``idempotency_key``, the workflow that key made the first time (``replayed``) when it
@@ -178,6 +179,8 @@ class WorkflowService:
             answer_format=answer_format,
             tools=tools,
         )
+        if stream_answer:  # how the answer is delivered, not what is asked: not hashed
+            submission = submission.model_copy(update={"stream_answer": True})
         if callback_url is not None:
             check_url(callback_url, "callback_url")
             if not caller.signs_webhooks:

@@ -21,7 +21,7 @@ from conductor.chat import ChatMessage, Sampling, ToolUse
 from conductor.errors import StepCallFailed
 from conductor.messaging import CALL_WORKER_TASK, CallReply, CallRequest, queue_for
 from conductor.pool import Pool
-from conductor.ports import StepCallResult
+from conductor.ports import DeltaSink, StepCallResult
 from conductor.workflow import AttemptRecord
 
 logger = logging.getLogger(__name__)
@@ -64,9 +64,11 @@ class QueuedStepRunner:
         sampling: Sampling | None = None,
         attempts: list[AttemptRecord] | None = None,
         answer_format: AnswerFormat | None = None,
+        deltas: DeltaSink | None = None,
     ) -> StepCallResult:
         # ``attempts`` stays empty: the calls are made, and known, in a gateway process (a
-        # pass-through call has no trace to record them in).
+        # pass-through call has no trace to record them in). ``deltas`` gets nothing: over
+        # the queue the answer comes back whole.
         spec = self.pool.get(worker)
         request = CallRequest(
             call_id=uuid.uuid4().hex,

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from conductor.answer_format import AnswerFormat
@@ -27,8 +27,14 @@ from conductor.errors import (
     WorkerUnavailable,
 )
 from conductor.pool import IMAGE_PROVIDERS, TOOL_CALLING_PROVIDERS, Pool, WorkerSpec
-from conductor.ports import ChatWorker, FormattedAnswerWorker, StepCallResult, ToolCallingWorker
-from conductor.streaming import collect_stream
+from conductor.ports import (
+    ChatWorker,
+    DeltaSink,
+    FormattedAnswerWorker,
+    StepCallResult,
+    ToolCallingWorker,
+)
+from conductor.streaming import StreamEvent, TextDelta, collect_stream
 from conductor.workflow import AttemptRecord, attempts_total
 from conductor_gateway.metrics import GatewayMetrics
 from conductor_gateway.quotas import MemoryQuotas, QuotaStore, estimate_tokens
@@ -50,6 +56,9 @@ class _Call:
     tools: ToolUse | None
     sampling: Sampling | None
     answer_format: AnswerFormat | None = None
+    deltas: DeltaSink | None = None
+    # Set once text went to ``deltas``: the call's receiver has shown it, so no retry.
+    forwarded: list[bool] = field(default_factory=list)
 
     def max_tokens(self, spec: WorkerSpec) -> int:
         asked = self.sampling.max_tokens if self.sampling else None
@@ -58,6 +67,18 @@ class _Call:
     def temperature(self, spec: WorkerSpec) -> float:
         asked = self.sampling.temperature if self.sampling else None
         return spec.temperature if asked is None else asked
+
+
+async def _forwarding(
+    events: AsyncIterator[StreamEvent], call: _Call
+) -> AsyncIterator[StreamEvent]:
+    """The stream, its text handed to the call's receiver as it arrives."""
+    assert call.deltas is not None
+    async for event in events:
+        if isinstance(event, TextDelta) and event.text:
+            call.forwarded.append(True)
+            call.deltas(event.text)
+        yield event
 
 
 class WorkerGateway:
@@ -107,6 +128,7 @@ class WorkerGateway:
         sampling: Sampling | None = None,
         attempts: list[AttemptRecord] | None = None,
         answer_format: AnswerFormat | None = None,
+        deltas: DeltaSink | None = None,
     ) -> StepCallResult:
         spec = self.pool.get(worker)
         allowed = None if allowed_workers is None else frozenset(allowed_workers)
@@ -118,6 +140,7 @@ class WorkerGateway:
         # Fallbacks outside the request's workers are skipped without a word: naming them would
         # tell a limited API key about workers it may not see.
         reachable = [n for n in spec.fallbacks if allowed is None or n in allowed]
+        call = _Call(messages, tenant, tools, sampling, answer_format, deltas)
         for name in (worker, *reachable):
             if name not in self.workers:
                 errors.append(f"{name}: not callable here")
@@ -129,11 +152,11 @@ class WorkerGateway:
             if name != worker and self.metrics is not None:
                 self.metrics.fallback(self.pool.get(name))
             try:
-                call = _Call(messages, tenant, tools, sampling, answer_format)
                 completion = await self._call_with_retries(self.pool.get(name), call, attempts)
             except WorkerError as exc:
                 errors.append(f"{name}: {type(exc).__name__}: {exc}")
-                if not (exc.retryable or isinstance(exc, FALLBACK_ON)):
+                # Text that went out streamed is not written again by a fallback.
+                if call.forwarded or not (exc.retryable or isinstance(exc, FALLBACK_ON)):
                     break
                 continue
             usage, cost = attempts_total(attempts)
@@ -172,7 +195,7 @@ class WorkerGateway:
                 completion = await self._attempt(spec, call, attempts)
             except WorkerError as exc:
                 self._observe(spec, attempts, made)
-                if not self.policy.should_retry(exc, tries):
+                if call.forwarded or not self.policy.should_retry(exc, tries):
                     raise
                 if self.metrics is not None:
                     self.metrics.retry(spec)
@@ -253,8 +276,10 @@ class WorkerGateway:
                     return await worker.complete_in_format(
                         messages, form, max_tokens=max_tokens, temperature=temperature
                     )
-                if spec.stream:
+                if call.deltas is not None or spec.stream:
                     events = worker.stream(messages, max_tokens=max_tokens, temperature=temperature)
+                    if call.deltas is not None:
+                        events = _forwarding(events, call)
                     return await collect_stream(events, f"worker {spec.name!r}")
                 return await worker.complete(
                     messages, max_tokens=max_tokens, temperature=temperature

@@ -48,6 +48,8 @@ class SubmitRequest(BaseModel):
     answer_format: AnswerFormat | None = None
     # The client's functions, offered to the step that writes the answer; None: no tools.
     tools: ToolUse | None = None
+    # Whether its client streams the answer (its text then goes out as it is written).
+    stream_answer: bool = False
     # The API key that submitted it, whose limits count it; None: none did.
     key_id: str | None = None
     # Where its outcome is delivered (a webhook signed with its key's secret); None: the
