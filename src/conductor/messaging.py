@@ -94,6 +94,9 @@ class CallRequest(BaseModel):
     sampling: Sampling | None = None
     # The JSON the answer must be, asked of the provider natively where it can; None: text.
     answer_format: AnswerFormat | None = None
+    # A Redis stream the answer's text is appended to as the worker writes it (a workflow's
+    # streamed answering step, ``answer_stream_key``); None: the answer comes whole.
+    answer_stream: str | None = Field(default=None, min_length=1, max_length=300)
     # When the caller stops waiting (timezone-aware): a gateway does not start the call after
     # it and abandons the call at it, retries and quota waits included. This is what bounds
     # the longest call a gateway holds, and so the grace period a stopping gateway needs.
@@ -116,3 +119,13 @@ class CallReply(BaseModel):
     error: str | None = None
     attempts: list[AttemptRecord] = Field(default_factory=list)
     context: StepContext | None = None
+
+
+# How long a streamed answer's text stays in Redis after its last piece: its reader has it by
+# then (it reads as the text comes), and a stream nobody read does not stay.
+ANSWER_STREAM_TTL_S = 600
+
+
+def answer_stream_key(prefix: str, workflow_id: object) -> str:
+    """The Redis stream a workflow's streamed answering step writes its text to."""
+    return f"{prefix}answer:{workflow_id}"

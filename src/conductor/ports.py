@@ -7,7 +7,7 @@ distributed mode (gRPC planner, Celery gateway) run the same orchestration.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -117,8 +117,9 @@ class StepCallResult(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)  # asked for instead of text
 
 
-# Where an answer's text goes as its worker writes it, a piece at a time.
-DeltaSink = Callable[[str], None]
+# Where an answer's text goes as its worker writes it, a piece at a time (awaited: a sink
+# that writes to another process keeps the pieces in order).
+DeltaSink = Callable[[str], Awaitable[None]]
 
 
 class AnswerStreams(Protocol):

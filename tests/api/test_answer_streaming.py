@@ -1,8 +1,7 @@
 """A streamed answer's text as its worker writes it: chat completions and the Responses API on
-a variant, read with the openai SDK. teller, streamed, writes its answer a word every 0.2 s;
-on the embedded runtime the first word reaches the client while teller is still writing, on
-the distributed one the answer still comes whole at the end (the gateway's text does not
-cross the queue yet)."""
+a variant, read with the openai SDK, on both runtimes (distributed: from the gateway to the
+API through Redis). teller, streamed, writes its answer a word every 0.2 s: the first word
+reaches the client while teller is still writing."""
 
 from __future__ import annotations
 
@@ -11,10 +10,6 @@ import pytest
 from fakes.api_fixture import QUESTION, TOLD, Api
 
 ONLY_TELLER = {"conductor": {"pool": ["teller"]}}
-
-
-def _streams_live(request: pytest.FixtureRequest) -> bool:
-    return bool(request.node.callspec.params["api"] == "embedded")
 
 
 def test_a_chat_stream_gets_the_answer_as_the_worker_writes_it(
@@ -39,9 +34,8 @@ def test_a_chat_stream_gets_the_answer_as_the_worker_writes_it(
             pieces.append(text)
 
     assert "".join(pieces) == TOLD
-    if _streams_live(request):
-        assert writing_when_first_came is True
-        assert len(pieces) == len(TOLD.split(" "))
+    assert writing_when_first_came is True
+    assert len(pieces) == len(TOLD.split(" "))
 
 
 def test_a_responses_stream_gets_the_answer_as_the_worker_writes_it(
@@ -73,8 +67,7 @@ def test_a_responses_stream_gets_the_answer_as_the_worker_writes_it(
     # numbered from 0 without a gap, the response created first, as the SDK expects
     assert numbers == list(range(len(numbers)))
     assert kinds[0] == "response.created"
-    if _streams_live(request):
-        assert writing_when_first_came is True
+    assert writing_when_first_came is True
 
 
 def test_a_whole_answer_is_not_streamed(api: Api, request: pytest.FixtureRequest) -> None:

@@ -16,7 +16,7 @@ from conductor.pool import Pool
 from conductor.ports import StepRunner
 from conductor_adapters.store.models import event_table, workflow_table
 from conductor_adapters.store.runs import SubmitRequest, record_workflow
-from conductor_api.runtime import ANNOUNCED_POLL_S, AnswerPieces, EventSignals
+from conductor_api.runtime import ANNOUNCED_POLL_S, AnswerSource, EventSignals
 
 
 class MemoryRuntime:
@@ -37,7 +37,7 @@ class MemoryRuntime:
         self.pool = pool
         self.runner = runner
         self.signals = EventSignals()
-        self.answer_pieces: AnswerPieces | None = None  # answers come whole
+        self.answer_pieces: AnswerSource | None = None  # answers come whole
         self.answer = answer
         self.submitted: list[SubmitRequest] = []
         self.cancelled: list[tuple[uuid.UUID, str]] = []

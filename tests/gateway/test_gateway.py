@@ -115,7 +115,10 @@ async def test_a_call_given_a_receiver_streams_and_hands_it_the_text_as_it_arriv
     gateway = gateway_for(_spec("primary", fake_openai.base_url))
     pieces: list[str] = []
 
-    result = await gateway.call("primary", MESSAGES, deltas=pieces.append)
+    async def keep(text: str) -> None:
+        pieces.append(text)
+
+    result = await gateway.call("primary", MESSAGES, deltas=keep)
 
     assert fake_openai.chat_requests[-1].json["stream"] is True
     assert len(pieces) == 4
@@ -134,9 +137,12 @@ async def test_text_that_went_out_is_not_written_again_by_a_retry_or_a_fallback(
     )
     pieces: list[str] = []
 
+    async def keep(text: str) -> None:
+        pieces.append(text)
+
     # Then the call fails after one attempt: its receiver has shown the piece
     with pytest.raises(StepCallFailed, match="StreamInterrupted") as caught:
-        await gateway.call("primary", MESSAGES, deltas=pieces.append)
+        await gateway.call("primary", MESSAGES, deltas=keep)
     assert len(caught.value.attempts) == 1
     assert len(pieces) == 1
 

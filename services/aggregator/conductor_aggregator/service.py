@@ -69,6 +69,7 @@ from conductor.messaging import (
     CallReply,
     CallRequest,
     StepContext,
+    answer_stream_key,
     ended_channel,
     queue_for,
     reply_key,
@@ -202,6 +203,8 @@ class Aggregator:
             tenant=request.tenant,
             tools=request.tools,
             tool_workers=self.pool.tool_workers,
+            # Streamed through Redis: without it the answer comes whole.
+            stream_answer=request.stream_answer and self.redis is not None,
         )
         if unknown:
             machine.apply(Aborted(f"workers not in the pool: {', '.join(unknown)}"))
@@ -428,6 +431,9 @@ class Aggregator:
                 tenant=action.tenant,
                 tools=action.tools,
                 answer_format=action.answer_format,
+                answer_stream=answer_stream_key(self.redis_prefix, workflow_id)
+                if action.streams
+                else None,
                 expires_at=action.expires_at,
             )
             queue = queue_for(self.pool.get(action.worker))

@@ -15,6 +15,7 @@ from starlette.requests import Request
 
 from conductor_api.errors import ApiError
 from conductor_api.openai_shared import workflow_failed, workflow_timed_out
+from conductor_api.runtime import PieceReader
 from conductor_api.schemas import WorkflowView
 from conductor_api.service import WorkflowService
 from conductor_api.sse import KEEPALIVE, with_keepalive
@@ -125,20 +126,24 @@ async def with_answer_text(
     client reads first): every piece is out before the stream ends (the step's text is all
     written before the step, and so the workflow, is recorded as ended). Where the runtime
     streams no answers, the stream as it is."""
-    pieces = service.runtime.answer_pieces
-    if pieces is None:
+    source = service.runtime.answer_pieces
+    if source is None:
         async for line in progress:
             yield line
         return
-    seen = 0
+    reader = source.reader(workflow_id)
     next_line: asyncio.Future[str] = asyncio.ensure_future(anext(progress))
-    more: asyncio.Future[None] | None = None
+    more: asyncio.Future[list[str]] | None = None
+    held: list[str] = []  # pieces read before the opening lines went out
     try:
         while True:
-            more = asyncio.ensure_future(pieces.wait(workflow_id, seen))
+            if more is None:
+                more = asyncio.ensure_future(reader.more())
             waiting: set[asyncio.Future[Any]] = {next_line, more}
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            more.cancel()
+            if more.done():
+                held += more.result()
+                more = None
             if next_line.done():
                 try:
                     line = next_line.result()
@@ -148,14 +153,31 @@ async def with_answer_text(
                 opening -= 1
                 next_line = asyncio.ensure_future(anext(progress))
             if opening <= 0:
-                for text in pieces.after(workflow_id, seen):
-                    seen += 1
+                for text in held:
                     yield AnswerText(text)
-        for text in pieces.after(workflow_id, seen):
+                held = []
+        # The workflow has ended: what its step wrote was written before that, so a last
+        # look finds the rest.
+        if more is not None:
+            more.cancel()
+            more = None
+        held += await _rest(reader)
+        for text in held:
             yield AnswerText(text)
     finally:
         next_line.cancel()
         if more is not None:
             more.cancel()
-        pieces.drop(workflow_id)
+        await reader.close()
         await progress.aclose()
+
+
+async def _rest(reader: PieceReader) -> list[str]:
+    """What the reader has left, without waiting for more."""
+    rest: list[str] = []
+    while True:
+        try:
+            async with asyncio.timeout(0.05):
+                rest += await reader.more()
+        except TimeoutError:
+            return rest

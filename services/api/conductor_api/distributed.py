@@ -33,8 +33,9 @@ from conductor_adapters.store.runs import SubmitRequest, stage_cancel, stage_sub
 from conductor_api.runtime import (
     ANNOUNCED_POLL_S,
     POLL_INTERVAL_S,
-    AnswerPieces,
+    AnswerSource,
     EventSignals,
+    RedisAnswerPieces,
 )
 
 logger = logging.getLogger(__name__)
@@ -64,8 +65,8 @@ class DistributedRuntime:
         self.engine = engine
         self.pool = pool
         self.signals = EventSignals()
-        # Aggregators and gateways run the workflows: their answers come whole for now.
-        self.answer_pieces: AnswerPieces | None = None
+        # A streamed answer's text, appended to Redis by the gateway that runs its step.
+        self.answer_pieces: AnswerSource | None = RedisAnswerPieces(redis, redis_prefix)
         self.app = app
         self.redis = redis
         self.redis_prefix = redis_prefix

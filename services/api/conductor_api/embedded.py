@@ -31,6 +31,7 @@ from conductor_api.runtime import (
     ANNOUNCED_POLL_S,
     POLL_INTERVAL_S,
     AnswerPieces,
+    AnswerSource,
     EventSignals,
     WorkflowElsewhere,
 )
@@ -62,8 +63,9 @@ class EmbeddedRuntime:
         self.pool = pool
         self.signals = EventSignals()
         # The executor runs here, so the text of a streamed answer goes straight to its client.
-        self.answer_pieces: AnswerPieces | None = AnswerPieces()
-        executor.answer_streams = self.answer_pieces
+        pieces = AnswerPieces()
+        executor.answer_streams = pieces
+        self.answer_pieces: AnswerSource | None = pieces
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.executor = executor
         self.runner = gateway

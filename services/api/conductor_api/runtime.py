@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import OrderedDict
-from typing import Protocol
+from typing import Any, Protocol
 
+import redis.asyncio as aioredis
 from sqlalchemy import Engine
 
+from conductor.messaging import answer_stream_key
 from conductor.pool import Pool
 from conductor.ports import DeltaSink, StepRunner
 from conductor_adapters.store.runs import SubmitRequest
@@ -45,8 +47,8 @@ class WorkflowRuntime(Protocol):
     pool: Pool
     runner: StepRunner  # calls of one worker: the gateway's retries, quotas, costs
     signals: EventSignals  # where the runtime announces stored events
-    # The text of streamed answers as it is written; None: answers come whole (distributed).
-    answer_pieces: AnswerPieces | None
+    # Where the text of streamed answers is read as it is written; None: answers come whole.
+    answer_pieces: AnswerSource | None
 
     @property
     def worker_names(self) -> list[str]:
@@ -134,13 +136,29 @@ class EventSignals:
         return True
 
 
-class AnswerPieces:
-    """The text of workflows' streamed answering steps, as their workers write it, for the
-    clients that stream those answers (``AnswerStreams`` for the embedded driver).
+class PieceReader(Protocol):
+    """One client's read of a workflow's streamed answer, in order."""
 
-    A workflow's pieces are kept from its first until ``drop`` (its stream has ended), so a
-    reader that subscribes late reads them from the start; only workflows whose client
-    streams have any.
+    async def more(self) -> list[str]:
+        """The pieces written since the last call: at least one (it waits for them)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class AnswerSource(Protocol):
+    """Where the API reads the text of streamed answers as it is written."""
+
+    def reader(self, workflow_id: uuid.UUID) -> PieceReader: ...
+
+
+class AnswerPieces:
+    """The text of workflows' streamed answering steps as the embedded driver's workers write
+    it (``AnswerStreams``), read by the clients that stream those answers (``AnswerSource``).
+
+    A workflow's pieces are kept from its first until its reader closes (its stream has
+    ended), so a reader that starts late reads them from the start; only workflows whose
+    client streams have any.
     """
 
     def __init__(self) -> None:
@@ -149,7 +167,7 @@ class AnswerPieces:
 
     def sink(self, workflow_id: uuid.UUID, step: int) -> DeltaSink:
         # One answering step streams per workflow (``WorkflowMachine._streams``).
-        def add(text: str) -> None:
+        async def add(text: str) -> None:
             self._pieces.setdefault(workflow_id, []).append(text)
             wakeup = self._wakeups.pop(workflow_id, None)
             if wakeup is not None:
@@ -157,15 +175,59 @@ class AnswerPieces:
 
         return add
 
-    def after(self, workflow_id: uuid.UUID, seen: int) -> list[str]:
-        """The pieces past the first ``seen``."""
-        return self._pieces.get(workflow_id, [])[seen:]
+    def reader(self, workflow_id: uuid.UUID) -> PieceReader:
+        return _MemoryReader(self, workflow_id)
 
-    async def wait(self, workflow_id: uuid.UUID, seen: int) -> None:
-        """Return once there are more than ``seen`` pieces."""
-        while len(self._pieces.get(workflow_id, [])) <= seen:
-            await self._wakeups.setdefault(workflow_id, asyncio.Event()).wait()
 
-    def drop(self, workflow_id: uuid.UUID) -> None:
-        self._pieces.pop(workflow_id, None)
-        self._wakeups.pop(workflow_id, None)
+class _MemoryReader:
+    def __init__(self, pieces: AnswerPieces, workflow_id: uuid.UUID) -> None:
+        self.pieces, self.workflow_id, self.seen = pieces, workflow_id, 0
+
+    async def more(self) -> list[str]:
+        pieces, workflow_id = self.pieces, self.workflow_id
+        while len(pieces._pieces.get(workflow_id, [])) <= self.seen:
+            await pieces._wakeups.setdefault(workflow_id, asyncio.Event()).wait()
+        new = pieces._pieces[workflow_id][self.seen :]
+        self.seen += len(new)
+        return new
+
+    async def close(self) -> None:
+        self.pieces._pieces.pop(self.workflow_id, None)
+        self.pieces._wakeups.pop(self.workflow_id, None)
+
+
+class RedisAnswerPieces:
+    """The text of streamed answers in distributed mode: a gateway appends each piece to the
+    workflow's Redis stream (``answer_stream_key``) as its worker writes it; the API process
+    that holds the client's stream reads it there. Nothing of it touches PostgreSQL."""
+
+    BLOCK_MS = 1000  # one read waits this long, then looks again (so a close is seen)
+
+    def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
+        self.redis, self.prefix = redis, prefix
+
+    def reader(self, workflow_id: uuid.UUID) -> PieceReader:
+        return _RedisReader(self, answer_stream_key(self.prefix, workflow_id))
+
+
+class _RedisReader:
+    def __init__(self, source: RedisAnswerPieces, key: str) -> None:
+        self.source, self.key, self.last_id = source, key, "0-0"
+
+    async def more(self) -> list[str]:
+        while True:
+            read: Any = await self.source.redis.xread(
+                {self.key: self.last_id}, block=self.source.BLOCK_MS
+            )
+            if read:
+                entries = read[0][1]
+                self.last_id = entries[-1][0]
+                return [_text(fields) for _, fields in entries]
+
+    async def close(self) -> None:
+        return None  # the stream expires (ANSWER_STREAM_TTL_S): other readers may follow it
+
+
+def _text(fields: dict[Any, Any]) -> str:
+    value = fields.get(b"text", fields.get("text", b""))
+    return value.decode() if isinstance(value, bytes) else str(value)

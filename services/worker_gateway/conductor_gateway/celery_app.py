@@ -48,6 +48,7 @@ from pydantic import ValidationError
 
 from conductor.errors import ConductorError, StepCallFailed
 from conductor.messaging import (
+    ANSWER_STREAM_TTL_S,
     CALL_WORKER_TASK,
     STEP_RESULT_TASK,
     CallReply,
@@ -60,7 +61,7 @@ from conductor.messaging import (
     unapplied_key,
 )
 from conductor.pool import Pool
-from conductor.ports import ChatWorker
+from conductor.ports import ChatWorker, DeltaSink
 from conductor.workflow import AttemptRecord
 from conductor_adapters.loop_thread import LoopThread
 from conductor_adapters.queue import OnFirstUse, new_celery_app
@@ -301,6 +302,25 @@ class GatewayProcess:
             # The answer still goes out as a message; the keeper writes it if Redis lost it.
             logger.warning("cannot record the answer of step %s (%s)", key, exc)
 
+    def _answer_stream(self, key: str | None) -> DeltaSink | None:
+        """Where a streamed answering step's text goes as it is written: the workflow's Redis
+        stream, read by the API process that holds its client's stream. A piece Redis cannot
+        take is dropped from the live text only: the answer itself still comes whole."""
+        if key is None:
+            return None
+        redis = self.redis
+
+        async def append(text: str) -> None:
+            try:
+                writes = redis.pipeline(transaction=False)
+                writes.xadd(key, {"text": text})
+                writes.expire(key, ANSWER_STREAM_TTL_S)
+                await writes.execute()
+            except (OSError, aioredis.RedisError) as exc:
+                logger.warning("cannot stream a piece of %s (%s)", key, exc)
+
+        return append
+
     async def _call(self, request: CallRequest) -> CallReply:
         """The call, counted in flight on its worker's queue while it runs."""
         spec = self.gateway.pool.find(request.worker)
@@ -335,6 +355,7 @@ class GatewayProcess:
                     sampling=request.sampling,
                     attempts=made,
                     answer_format=request.answer_format,
+                    deltas=self._answer_stream(request.answer_stream),
                 )
             return CallReply(**base, ok=True, result=result, attempts=result.attempts)
         except TimeoutError:

@@ -77,7 +77,7 @@ async def _forwarding(
     async for event in events:
         if isinstance(event, TextDelta) and event.text:
             call.forwarded.append(True)
-            call.deltas(event.text)
+            await call.deltas(event.text)
         yield event
 
 
