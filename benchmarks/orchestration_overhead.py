@@ -11,7 +11,13 @@ each started only for its own runs:
   environment, passing calls through to the same providers;
 - serve: ``conductor serve`` (embedded runtime, SQLite);
 - distributed: ``conductor api`` with the planner, one aggregator and one gateway
-  (``conductor_cli.local_stack``), Redis broker, PostgreSQL, all on this machine.
+  (``conductor_cli.local_stack``), Redis broker, PostgreSQL, all on this machine;
+- ttft: time to first token and to the last of streamed requests, one at a time, on a fourth
+  fake that writes its answer a word every 0.1 s (whole answers take as long): the call
+  direct, then pass-through and one- and three-step workflows on ``serve`` and distributed,
+  beside the fake Conductor's time for a plan; it prints whether the one-step workflow's first
+  token came within the planner's time plus the direct call's first token plus 20 ms (serve)
+  or 60 ms (distributed).
 
 Paths: pass-through (Chat Completions with a worker as the model), one-step and three-step
 workflows (the variant as the model). Each is measured sequentially (latency p50/p95/p99) and
@@ -22,8 +28,8 @@ distributed pass-through kept at 50 in flight for 60 s (its p99 against its p50)
 
     python benchmarks/orchestration_overhead.py [--sequential 200] [--requests 500]
         [--in-flight 50] [--burst 500] [--sustain 60] [--litellm-venv PATH]
-        [--postgres URL] [--redis URL] [--only serve,distributed,...] [--repeat 1]
-        [--out out/orchestration]
+        [--postgres URL] [--redis URL] [--only serve,distributed,ttft,...] [--repeat 1]
+        [--ttft-requests 20] [--out out/orchestration]
 
 Needs PostgreSQL and Redis for the distributed target (a database and a key prefix of its own,
 removed afterwards). Prints a table per run and, with ``--repeat N``, the median of each
@@ -71,7 +77,11 @@ from fakes.api_process import announced_addresses, start_api_role  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 QUESTION = "What is 6 * 7?"
-TARGETS = ("direct", "litellm", "serve", "distributed")
+TARGETS = ("direct", "litellm", "serve", "distributed", "ttft")
+WORD_DELAY_S = 0.1  # the streaming provider's pace: its echo of a question takes about 1 s
+# How much later than the planner's time plus the direct call's first token a streamed
+# one-step workflow's first token may come (the aim; distributed adds Redis and two hops).
+TTFT_MARGIN_MS = {"serve": 20.0, "distributed": 60.0}
 
 
 @dataclass
@@ -121,9 +131,11 @@ class Upstreams:
     instant: FakeUpstream
     slow: FakeUpstream
     planner: FakeUpstream
+    # Streams its answer a word every WORD_DELAY_S (for time to first token).
+    streamer: FakeUpstream
 
     def stop(self) -> None:
-        for upstream in (self.instant, self.slow, self.planner):
+        for upstream in (self.instant, self.slow, self.planner, self.streamer):
             upstream.stop()
 
 
@@ -183,7 +195,11 @@ def pool_file(directory: Path, upstreams: Upstreams) -> Path:
                 "price": {"input": 1.0, "output": 2.0},
                 "max_tokens": 16,
             }
-            for name, upstream in (("fast", upstreams.instant), ("slow", upstreams.slow))
+            for name, upstream in (
+                ("fast", upstreams.instant),
+                ("slow", upstreams.slow),
+                ("streamer", upstreams.streamer),
+            )
         }
     }
     path = directory / "pool.yaml"
@@ -459,6 +475,119 @@ async def measure_target(
     return phases
 
 
+async def time_to_tokens(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str], n: int
+) -> tuple[list[float], list[float]]:
+    """``n`` streamed requests one at a time: the ms to the first answer text, and to the
+    stream's end, of each."""
+    first_ms: list[float] = []
+    last_ms: list[float] = []
+    for _ in range(n):
+        started, first = time.perf_counter(), None
+        async with client.stream(
+            "POST", url, json={**body, "stream": True}, headers=headers, timeout=600
+        ) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if first is None and line.startswith("data: {") and _has_text(line[6:]):
+                    first = time.perf_counter()
+        ended = time.perf_counter()
+        first_ms.append(((first or ended) - started) * 1000)
+        last_ms.append((ended - started) * 1000)
+    return first_ms, last_ms
+
+
+def _has_text(data: str) -> bool:
+    choices = json.loads(data).get("choices") or [{}]
+    return bool((choices[0].get("delta") or {}).get("content"))
+
+
+async def planner_ms(client: httpx.AsyncClient, upstreams: Upstreams, n: int) -> list[float]:
+    """The fake Conductor's time for a one-step plan, as the planner calls it."""
+    body = chat_body("fake-conductor", f"[1 steps] {QUESTION}")
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        response = await client.post(
+            f"{upstreams.planner.base_url}/chat/completions", json=body, timeout=60
+        )
+        response.raise_for_status()
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def run_ttft(options: argparse.Namespace, upstreams: Upstreams, tmp: Path) -> list[dict[str, Any]]:
+    """Time to first token and to the last, streamed, one request at a time: the streaming
+    provider called directly, then pass-through and one- and three-step workflows on it, on
+    ``conductor serve`` and distributed; and the planner's own time, all in this run."""
+    n = options.ttft_requests
+    rows: list[dict[str, Any]] = []
+
+    async def measure_paths(target: Target, paths: list[tuple[str, dict[str, Any]]]) -> None:
+        async with new_client() as client:
+            for path, body in paths:
+                await time_to_tokens(client, target.completions_url, body, target.headers, 2)
+                first, last = await time_to_tokens(
+                    client, target.completions_url, body, target.headers, n
+                )
+                rows.append(
+                    {
+                        "target": target.name,
+                        "path": path,
+                        "first_token_p50_ms": round(statistics.median(first), 1),
+                        "last_token_p50_ms": round(statistics.median(last), 1),
+                    }
+                )
+
+    async def direct_and_planner() -> None:
+        direct = Target("direct", f"{upstreams.streamer.base_url}/chat/completions", [])
+        await measure_paths(direct, [("call", chat_body("streamer", QUESTION))])
+        async with new_client() as client:
+            await planner_ms(client, upstreams, 2)
+            plans = await planner_ms(client, upstreams, n)
+        plan_p50 = round(statistics.median(plans), 1)
+        rows.append({"target": "planner", "path": "one-step plan", "p50_ms": plan_p50})
+
+    paths = [
+        ("pass-through", chat_body("streamer", QUESTION)),
+        ("one-step workflow", workflow_body(1, "streamer")),
+        ("three-step workflow", workflow_body(3, "streamer")),
+    ]
+    asyncio.run(direct_and_planner())
+    with serve_target(tmp, upstreams) as target:
+        asyncio.run(measure_paths(target, paths))
+    with distributed_target(tmp, upstreams, options.postgres, options.redis) as target:
+        asyncio.run(measure_paths(target, paths))
+    report_ttft(rows)
+    return rows
+
+
+def report_ttft(rows: list[dict[str, Any]]) -> None:
+    print(f"streamed, {WORD_DELAY_S:g} s a word; p50 over the requests of each:")
+    for row in rows:
+        if "p50_ms" in row:
+            print(f"  {row['target']:12} {row['path']:22} {row['p50_ms']:9.1f} ms")
+            continue
+        print(
+            f"  {row['target']:12} {row['path']:22} first token {row['first_token_p50_ms']:8.1f} ms"
+            f"  last token {row['last_token_p50_ms']:8.1f} ms"
+        )
+    by = {(r["target"], r["path"]): r for r in rows}
+    planner = by[("planner", "one-step plan")]["p50_ms"]
+    direct = by[("direct", "call")]["first_token_p50_ms"]
+    for target, margin in TTFT_MARGIN_MS.items():
+        workflow = by.get((target, "one-step workflow"))
+        if workflow is None:
+            continue
+        bound = planner + direct + margin
+        first = workflow["first_token_p50_ms"]
+        verdict = "within" if first <= bound else "OVER"
+        print(
+            f"  {target}: one-step first token {first:.1f} ms against planner {planner:.1f} + "
+            f"direct first token {direct:.1f} + {margin:g} = {bound:.1f} ms: {verdict}"
+        )
+
+
 def report(phase: Phase) -> None:
     row = phase.summary()
     print(
@@ -567,6 +696,8 @@ def write_chart(rows: list[dict[str, Any]], out: Path) -> Path | None:
         return None
     sequential = [r for r in rows if r["mode"] == "sequential"]
     loaded = [r for r in rows if r["mode"] == "in-flight"]
+    if not sequential or not loaded:  # a run of time to first token only
+        return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), constrained_layout=True)
     left.barh([r["path"] for r in sequential], [r["p50_ms"] for r in sequential])
     left.set_xlabel("sequential p50 latency (ms)")
@@ -607,6 +738,9 @@ def main() -> None:
     parser.add_argument(
         "--repeat", type=int, default=1, help="whole runs; the figures are their medians"
     )
+    parser.add_argument(
+        "--ttft-requests", type=int, default=20, help="streamed requests per path (ttft)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "orchestration")
     options = parser.parse_args()
     if options.repeat < 1:
@@ -620,10 +754,14 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs; targets: {', '.join(t for t in TARGETS if t in options.only)}")
 
     upstreams = Upstreams(
-        FakeUpstream(), FakeUpstream("--latency", "1"), FakeUpstream("--responder", "plans")
+        FakeUpstream(),
+        FakeUpstream("--latency", "1"),
+        FakeUpstream("--responder", "plans"),
+        FakeUpstream("--word-delay", str(WORD_DELAY_S)),
     )
     tmp = Path(tempfile.mkdtemp(prefix="conductor-overhead-"))
     runs: list[list[dict[str, Any]]] = []
+    ttft_runs: list[list[dict[str, Any]]] = []
     try:
         for number in range(options.repeat):
             if options.repeat > 1:
@@ -631,6 +769,8 @@ def main() -> None:
             directory = tmp / f"run-{number + 1}"  # logs and databases of its own
             directory.mkdir()
             runs.append([p.summary() for p in run_all(options, upstreams, directory)])
+            if "ttft" in options.only:
+                ttft_runs.append(run_ttft(options, upstreams, directory))
     finally:
         upstreams.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -643,6 +783,7 @@ def main() -> None:
         "options": {k: str(v) for k, v in vars(options).items()},
         "phases": phases,
         "runs": runs,
+        "time_to_first_token": ttft_runs,
     }
     (options.out / "results.json").write_text(json.dumps(results, indent=2))
     chart = write_chart(phases, options.out)

@@ -178,11 +178,18 @@ class FakeOpenAIServer(ScriptedServer):
     answer (benchmarks, quota tests); ``stream: true`` requests get an event stream.
     """
 
-    def __init__(self, responder: Responder = echo_responder, latency_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        responder: Responder = echo_responder,
+        latency_s: float = 0.0,
+        word_delay_s: float = 0.0,
+    ) -> None:
         super().__init__()
         self.default_responder = responder
         self.responder = responder
         self.latency_s = latency_s
+        # Streamed answers come a word an event, this long apart (0: in three pieces at once).
+        self.word_delay_s = word_delay_s
 
     @property
     def base_url(self) -> str:
@@ -212,6 +219,14 @@ class FakeOpenAIServer(ScriptedServer):
         tokens = {"prompt_tokens": prompt, "completion_tokens": count_tokens(content)}
         if body.get("stream") is True:
             with_usage = (body.get("stream_options") or {}).get("include_usage") is True
-            events = stream_events(content, model=body["model"], with_usage=with_usage, **tokens)
-            return ScriptedResponse(events=events, delay_s=self.latency_s)
-        return completion(content, model=body["model"], delay_s=self.latency_s, **tokens)
+            pieces = len(content.split()) if self.word_delay_s else 3
+            events = stream_events(
+                content, model=body["model"], with_usage=with_usage, pieces=pieces, **tokens
+            )
+            return ScriptedResponse(
+                events=events, delay_s=self.latency_s, event_delay_s=self.word_delay_s
+            )
+        # Whole, it takes as long as its stream would: a model writes at one pace either way.
+        writing_s = self.word_delay_s * max(0, len(content.split()) - 1)
+        delay_s = self.latency_s + writing_s
+        return completion(content, model=body["model"], delay_s=delay_s, **tokens)

@@ -36,10 +36,15 @@ def main() -> None:
     parser.add_argument("vendor", choices=["openai"])
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--latency", type=float, default=0.0, help="seconds per answer")
+    parser.add_argument(
+        "--word-delay", type=float, default=0.0, help="seconds between a streamed answer's words"
+    )
     parser.add_argument("--responder", choices=["echo", "plans"], default="echo")
     args = parser.parse_args()
     responder = plan_responder if args.responder == "plans" else echo_responder
-    server = FakeOpenAIServer(responder=responder, latency_s=args.latency)
+    server = FakeOpenAIServer(
+        responder=responder, latency_s=args.latency, word_delay_s=args.word_delay
+    )
     server.start(port=args.port)
     print(server.base_url, flush=True)
     stop = threading.Event()
