@@ -83,3 +83,34 @@ def test_a_whole_answer_is_not_streamed(api: Api, request: pytest.FixtureRequest
     )
     assert reply.choices[0].message.content == TOLD
     assert teller.streams == streams
+
+
+def test_a_streamed_call_of_a_worker_gets_its_text_as_it_writes_it(
+    api: Api, request: pytest.FixtureRequest
+) -> None:
+    teller = api.workers["teller"]
+    client = api.client()
+    request.addfinalizer(client.close)
+    pieces: list[str] = []
+    writing_when_first_came: bool | None = None
+    for chunk in client.chat.completions.create(
+        model="teller",
+        messages=QUESTION,  # type: ignore[arg-type]
+        stream=True,
+    ):
+        text = chunk.choices[0].delta.content if chunk.choices else None
+        if text:
+            if writing_when_first_came is None:
+                writing_when_first_came = teller.calls[-1].finished == 0.0
+            pieces.append(text)
+
+    assert "".join(pieces) == TOLD
+    assert writing_when_first_came is True
+
+    # and through the Responses API, its events numbered without a gap
+    events = list(client.responses.create(model="teller", input="What is 6 * 7?", stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == TOLD
+    assert len(deltas) == len(TOLD.split(" "))
+    assert events[-1].response.output_text == TOLD  # type: ignore[union-attr]

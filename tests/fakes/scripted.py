@@ -154,7 +154,7 @@ class ScriptedWorker:
                 await asyncio.sleep(self.word_delay_s)
             yield TextDelta(word if i == 0 else f" {word}")
         call.finished = time.perf_counter()
-        yield StreamEnd(completion.usage, "stop", completion.model)
+        yield StreamEnd(completion.usage, completion.finish_reason, completion.model)
 
     async def aclose(self) -> None:
         return None

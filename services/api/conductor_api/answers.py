@@ -6,6 +6,7 @@ workflow whose client goes away first is cancelled, its answer having nobody els
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -15,7 +16,6 @@ from starlette.requests import Request
 
 from conductor_api.errors import ApiError
 from conductor_api.openai_shared import workflow_failed, workflow_timed_out
-from conductor_api.runtime import PieceReader
 from conductor_api.schemas import WorkflowView
 from conductor_api.service import WorkflowService
 from conductor_api.sse import KEEPALIVE, with_keepalive
@@ -156,28 +156,18 @@ async def with_answer_text(
                 for text in held:
                     yield AnswerText(text)
                 held = []
-        # The workflow has ended: what its step wrote was written before that, so a last
-        # look finds the rest.
+        # The workflow has ended: its step wrote every piece before that, so the read under
+        # way and one more find the rest (a read is let finish, never cancelled).
         if more is not None:
-            more.cancel()
+            held += await more
             more = None
-        held += await _rest(reader)
+        held += await reader.more()
         for text in held:
             yield AnswerText(text)
     finally:
         next_line.cancel()
         if more is not None:
-            more.cancel()
+            with contextlib.suppress(Exception):
+                await more
         await reader.close()
         await progress.aclose()
-
-
-async def _rest(reader: PieceReader) -> list[str]:
-    """What the reader has left, without waiting for more."""
-    rest: list[str] = []
-    while True:
-        try:
-            async with asyncio.timeout(0.05):
-                rest += await reader.more()
-        except TimeoutError:
-            return rest

@@ -269,13 +269,19 @@ async def _passthrough_stream(
     call: DirectCall, out: ChatFormat, include_usage: bool
 ) -> AsyncIterator[str]:
     yield out.delta({"role": "assistant", "content": ""})
+    streamed = False  # the text went out as the worker wrote it
     try:
-        result = await call()
+        async for piece in call.stream():
+            if isinstance(piece, str):
+                streamed = True
+                yield out.delta({"content": piece})
+            else:
+                result = piece
     except ApiError as error:
         yield data_line(error_body(error.status, error.message, code=error.code))
         yield DONE
         return
-    if result.text:
+    if result.text and not streamed:
         yield out.delta({"content": result.text})
     for line in _call_deltas(out, result.tool_calls):
         yield line

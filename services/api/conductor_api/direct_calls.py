@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
@@ -14,7 +14,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from conductor.answer_format import AnswerFormat, AnswerFormatError
 from conductor.chat import ChatMessage, Sampling, ToolUse
 from conductor.errors import StepCallFailed
-from conductor.ports import StepCallResult, StepRunner
+from conductor.ports import DeltaSink, StepCallResult, StepRunner
 from conductor.workflow import AttemptRecord, attempts_total
 from conductor_adapters.store.keys import record_direct_call
 from conductor_adapters.store.redact import without_addresses
@@ -51,8 +51,32 @@ class DirectCall:
         self.messages = list(messages)
 
     async def __call__(self) -> StepCallResult:
+        return await self._counted(None)
+
+    async def stream(self) -> AsyncIterator[str | StepCallResult]:
+        """The call with its answer's text as the worker writes it: the pieces, then the
+        result. Whole (the result alone) where the answer is not its text as written: a
+        required form, or tools."""
+        if self.answer_format is not None or self.tools is not None:
+            yield await self()
+            return
+        pieces: asyncio.Queue[str] = asyncio.Queue()
+        call = asyncio.ensure_future(self._counted(pieces.put))
         try:
-            result = await self._call()
+            while not call.done() or not pieces.empty():
+                got = asyncio.ensure_future(pieces.get())
+                await asyncio.wait({call, got}, return_when=asyncio.FIRST_COMPLETED)
+                if got.done():
+                    yield got.result()
+                else:
+                    got.cancel()
+            yield call.result()
+        finally:
+            call.cancel()
+
+    async def _counted(self, deltas: DeltaSink | None) -> StepCallResult:
+        try:
+            result = await self._call(deltas)
         except StepCallFailed as exc:
             self.metrics.passthrough.labels(self.worker, "failed").inc()
             # The gateway retried already (and fell back where the pool says so).
@@ -63,7 +87,7 @@ class DirectCall:
         self.metrics.passthrough.labels(self.worker, "ok").inc()
         return result
 
-    async def _call(self) -> StepCallResult:
+    async def _call(self, deltas: DeltaSink | None) -> StepCallResult:
         try:
             result = await self.runner.call(
                 self.worker,
@@ -73,6 +97,7 @@ class DirectCall:
                 tools=self.tools,
                 sampling=self.sampling,
                 answer_format=self.answer_format,
+                deltas=deltas,
             )
         except StepCallFailed as exc:
             await self._count_spend(exc.attempts)

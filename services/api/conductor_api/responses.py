@@ -181,7 +181,12 @@ async def _passthrough_stream(
     for line in events.started(snapshot):
         yield line
     try:
-        result = await call()
+        async for piece in call.stream():
+            if isinstance(piece, str):
+                for line in events.text_delta(stored, piece):
+                    yield line
+            else:
+                result = piece
     except ApiError as error:
         yield events.failed(snapshot, "failed", error.message)
         return

@@ -11,6 +11,7 @@ same over either runtime: both write the same trace tables.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections import OrderedDict
 from typing import Any, Protocol
@@ -136,11 +137,18 @@ class EventSignals:
         return True
 
 
+# How long one read of a streamed answer waits for pieces. A read is never cancelled while it
+# waits (a Redis read cut mid-command could leave its connection with a reply nobody reads):
+# its reader looks again instead.
+PIECE_WAIT_S = 0.1
+
+
 class PieceReader(Protocol):
     """One client's read of a workflow's streamed answer, in order."""
 
     async def more(self) -> list[str]:
-        """The pieces written since the last call: at least one (it waits for them)."""
+        """The pieces written since the last read, waiting up to ``PIECE_WAIT_S`` for one:
+        empty when none came."""
         ...
 
     async def close(self) -> None: ...
@@ -185,9 +193,12 @@ class _MemoryReader:
 
     async def more(self) -> list[str]:
         pieces, workflow_id = self.pieces, self.workflow_id
-        while len(pieces._pieces.get(workflow_id, [])) <= self.seen:
-            await pieces._wakeups.setdefault(workflow_id, asyncio.Event()).wait()
-        new = pieces._pieces[workflow_id][self.seen :]
+        if len(pieces._pieces.get(workflow_id, [])) <= self.seen:
+            wakeup = pieces._wakeups.setdefault(workflow_id, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PIECE_WAIT_S):
+                    await wakeup.wait()
+        new = pieces._pieces.get(workflow_id, [])[self.seen :]
         self.seen += len(new)
         return new
 
@@ -201,8 +212,6 @@ class RedisAnswerPieces:
     workflow's Redis stream (``answer_stream_key``) as its worker writes it; the API process
     that holds the client's stream reads it there. Nothing of it touches PostgreSQL."""
 
-    BLOCK_MS = 1000  # one read waits this long, then looks again (so a close is seen)
-
     def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
         self.redis, self.prefix = redis, prefix
 
@@ -215,14 +224,14 @@ class _RedisReader:
         self.source, self.key, self.last_id = source, key, "0-0"
 
     async def more(self) -> list[str]:
-        while True:
-            read: Any = await self.source.redis.xread(
-                {self.key: self.last_id}, block=self.source.BLOCK_MS
-            )
-            if read:
-                entries = read[0][1]
-                self.last_id = entries[-1][0]
-                return [_text(fields) for _, fields in entries]
+        read: Any = await self.source.redis.xread(
+            {self.key: self.last_id}, block=int(PIECE_WAIT_S * 1000)
+        )
+        if not read:
+            return []
+        entries = read[0][1]
+        self.last_id = entries[-1][0]
+        return [_text(fields) for _, fields in entries]
 
     async def close(self) -> None:
         return None  # the stream expires (ANSWER_STREAM_TTL_S): other readers may follow it

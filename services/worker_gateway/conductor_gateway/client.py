@@ -12,6 +12,7 @@ import logging
 import uuid
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import redis.asyncio as aioredis
 from celery import Celery
@@ -19,7 +20,13 @@ from celery import Celery
 from conductor.answer_format import AnswerFormat
 from conductor.chat import ChatMessage, Sampling, ToolUse
 from conductor.errors import StepCallFailed
-from conductor.messaging import CALL_WORKER_TASK, CallReply, CallRequest, queue_for
+from conductor.messaging import (
+    CALL_WORKER_TASK,
+    CallReply,
+    CallRequest,
+    answer_stream_key,
+    queue_for,
+)
 from conductor.pool import Pool
 from conductor.ports import DeltaSink, StepCallResult
 from conductor.workflow import AttemptRecord
@@ -44,6 +51,7 @@ class QueuedStepRunner:
         self.pool = pool
         self.redis = redis
         self.reply_timeout_s = reply_timeout_s
+        self.prefix = prefix
         self.reply_to = f"{prefix}replies:{uuid.uuid4().hex}"
         self._names = worker_names or frozenset(w.name for w in pool.available())
         self._waiting: dict[str, asyncio.Future[CallReply]] = {}
@@ -67,11 +75,14 @@ class QueuedStepRunner:
         deltas: DeltaSink | None = None,
     ) -> StepCallResult:
         # ``attempts`` stays empty: the calls are made, and known, in a gateway process (a
-        # pass-through call has no trace to record them in). ``deltas`` gets nothing: over
-        # the queue the answer comes back whole.
+        # pass-through call has no trace to record them in). ``deltas`` gets the answer's
+        # text from the Redis stream the gateway appends it to.
         spec = self.pool.get(worker)
+        call_id = uuid.uuid4().hex
+        stream = answer_stream_key(self.prefix, f"call-{call_id}") if deltas else None
         request = CallRequest(
-            call_id=uuid.uuid4().hex,
+            call_id=call_id,
+            answer_stream=stream,
             worker=worker,
             messages=list(messages),
             reply_to=self.reply_to,
@@ -86,6 +97,7 @@ class QueuedStepRunner:
         reply_future: asyncio.Future[CallReply] = asyncio.get_running_loop().create_future()
         self._waiting[request.call_id] = reply_future
         self._ensure_reader()
+        relay = _Relay(self.redis, stream, deltas) if stream and deltas else None
         try:
             await asyncio.to_thread(
                 self.app.send_task,
@@ -93,7 +105,10 @@ class QueuedStepRunner:
                 args=[request.model_dump(mode="json")],
                 queue=queue_for(spec),
             )
-            reply = await asyncio.wait_for(reply_future, self.reply_timeout_s)
+            if relay is None:
+                reply = await asyncio.wait_for(reply_future, self.reply_timeout_s)
+            else:
+                reply = await relay.until(reply_future, self.reply_timeout_s)
         except TimeoutError:
             raise StepCallFailed(
                 f"{worker}: no reply from the gateway within {self.reply_timeout_s:g} s "
@@ -139,3 +154,46 @@ class QueuedStepRunner:
             return
         with contextlib.suppress(asyncio.CancelledError):
             reader.result()
+
+
+class _Relay:
+    """Hands a call's streamed text, read from its Redis stream, to the caller's sink while
+    the call runs; then the rest, read once the reply has come (the gateway appended every
+    piece before it replied). A read is never cancelled while it waits on Redis (a command
+    cut mid-way could leave its connection with a reply that the next command would read):
+    the relay looks for its stop between short reads."""
+
+    BLOCK_MS = 100
+
+    def __init__(self, redis: aioredis.Redis, key: str, sink: DeltaSink) -> None:
+        self.redis, self.key, self.sink, self.last_id = redis, key, sink, "0-0"
+        self.stopping = False
+
+    async def until(self, reply: asyncio.Future[CallReply], timeout_s: float) -> CallReply:
+        relaying = asyncio.create_task(self._relay())
+        try:
+            return await asyncio.wait_for(asyncio.shield(reply), timeout_s)
+        finally:
+            self.stopping = True
+            await asyncio.shield(relaying)
+            if reply.done():
+                with contextlib.suppress(aioredis.RedisError, OSError):
+                    await self._read(block_ms=None)
+            with contextlib.suppress(aioredis.RedisError, OSError):
+                await self.redis.delete(self.key)
+
+    async def _relay(self) -> None:
+        while not self.stopping:
+            try:
+                await self._read(block_ms=self.BLOCK_MS)
+            except (aioredis.RedisError, OSError) as exc:  # the answer still comes whole
+                logger.warning("reading the streamed text of %s: %s", self.key, exc)
+                await asyncio.sleep(0.5)
+
+    async def _read(self, block_ms: int | None) -> None:
+        read: Any = await self.redis.xread({self.key: self.last_id}, block=block_ms)
+        for _, entries in read or []:
+            for entry_id, fields in entries:
+                self.last_id = entry_id
+                value = fields.get(b"text", fields.get("text", b""))
+                await self.sink(value.decode() if isinstance(value, bytes) else str(value))
