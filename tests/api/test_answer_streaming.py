@@ -1,6 +1,6 @@
 """A streamed answer's text as its worker writes it: chat completions and the Responses API on
 a variant, read with the openai SDK, on both runtimes (distributed: from the gateway to the
-API through Redis). teller, streamed, writes its answer a word every 0.2 s: the first word
+API through Redis). teller, streamed, writes its answer a word every 0.05 s: the first word
 reaches the client while teller is still writing."""
 
 from __future__ import annotations

@@ -66,7 +66,10 @@ def stack(
 @pytest.fixture(
     params=[
         "embedded",
-        pytest.param("distributed", marks=[pytest.mark.postgres, pytest.mark.broker]),
+        # Slow tier, as the API tests' distributed runtime: a stack per module behind it.
+        pytest.param(
+            "distributed", marks=[pytest.mark.postgres, pytest.mark.broker, pytest.mark.slow]
+        ),
     ]
 )
 def make_runtime(request: pytest.FixtureRequest) -> Make:

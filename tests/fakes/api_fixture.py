@@ -67,7 +67,7 @@ def scripted_workers() -> list[ScriptedWorker]:
 
 JSON_ANSWER = {"answer": 42, "unit": "none"}
 TOLD = "six times seven is forty-two"
-TELLER_WORD_S = 0.2
+TELLER_WORD_S = 0.05
 
 
 def json_when_asked(messages: list[Any]) -> str:
