@@ -250,7 +250,8 @@ class WorkflowMachine:
         """A new workflow. With ``tools``, a one-step variant's Conductor sees only the
         ``tool_workers`` (its one step answers), and a workflow whose pool has none of them
         fails at once."""
-        takers = [e for e in entries if e.name in set(tool_workers)] if tools else entries
+        takes_tools = set(tool_workers)
+        takers = [e for e in entries if e.name in takes_tools] if tools else entries
         if tools is not None and variant.max_steps == 1:
             entries = takers
         result = WorkflowRecord(

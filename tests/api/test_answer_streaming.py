@@ -5,11 +5,28 @@ reaches the client while teller is still writing."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import pytest
 
 from fakes.api_fixture import QUESTION, TOLD, Api
+from fakes.scripted import ScriptedWorker
 
 ONLY_TELLER = {"conductor": {"pool": ["teller"]}}
+
+
+def _read_chat(stream: Iterable[Any], teller: ScriptedWorker) -> tuple[list[str], bool]:
+    """A chat stream's text pieces, and whether teller was still writing when the first came."""
+    pieces: list[str] = []
+    writing_when_first_came = False
+    for chunk in stream:
+        text = chunk.choices[0].delta.content if chunk.choices else None
+        if text:
+            if not pieces:
+                writing_when_first_came = teller.calls[-1].finished == 0.0
+            pieces.append(text)
+    return pieces, writing_when_first_came
 
 
 def test_a_chat_stream_gets_the_answer_as_the_worker_writes_it(
@@ -24,14 +41,7 @@ def test_a_chat_stream_gets_the_answer_as_the_worker_writes_it(
         stream=True,
         extra_body=ONLY_TELLER,
     )
-    pieces: list[str] = []
-    writing_when_first_came: bool | None = None
-    for chunk in stream:
-        text = chunk.choices[0].delta.content if chunk.choices else None
-        if text:
-            if writing_when_first_came is None:
-                writing_when_first_came = teller.calls[-1].finished == 0.0
-            pieces.append(text)
+    pieces, writing_when_first_came = _read_chat(stream, teller)
 
     assert "".join(pieces) == TOLD
     assert writing_when_first_came is True
@@ -91,18 +101,12 @@ def test_a_streamed_call_of_a_worker_gets_its_text_as_it_writes_it(
     teller = api.workers["teller"]
     client = api.client()
     request.addfinalizer(client.close)
-    pieces: list[str] = []
-    writing_when_first_came: bool | None = None
-    for chunk in client.chat.completions.create(
+    stream = client.chat.completions.create(
         model="teller",
         messages=QUESTION,  # type: ignore[arg-type]
         stream=True,
-    ):
-        text = chunk.choices[0].delta.content if chunk.choices else None
-        if text:
-            if writing_when_first_came is None:
-                writing_when_first_came = teller.calls[-1].finished == 0.0
-            pieces.append(text)
+    )
+    pieces, writing_when_first_came = _read_chat(stream, teller)
 
     assert "".join(pieces) == TOLD
     assert writing_when_first_came is True

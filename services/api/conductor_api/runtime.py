@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import uuid
 from collections import OrderedDict
-from typing import Any, Protocol
+from typing import Protocol
 
 import redis.asyncio as aioredis
 from sqlalchemy import Engine
@@ -22,6 +22,7 @@ from sqlalchemy import Engine
 from conductor.messaging import answer_stream_key
 from conductor.pool import Pool
 from conductor.ports import DeltaSink, StepRunner
+from conductor_adapters.answer_streams import START, read_pieces
 from conductor_adapters.store.runs import SubmitRequest
 
 # A reader re-reads a workflow's events this often when announcements may not reach it (a
@@ -221,22 +222,12 @@ class RedisAnswerPieces:
 
 class _RedisReader:
     def __init__(self, source: RedisAnswerPieces, key: str) -> None:
-        self.source, self.key, self.last_id = source, key, "0-0"
+        self.source, self.key, self.last_id = source, key, START
 
     async def more(self) -> list[str]:
-        read: Any = await self.source.redis.xread(
-            {self.key: self.last_id}, block=int(PIECE_WAIT_S * 1000)
-        )
-        if not read:
-            return []
-        entries = read[0][1]
-        self.last_id = entries[-1][0]
-        return [_text(fields) for _, fields in entries]
+        wait_ms = int(PIECE_WAIT_S * 1000)
+        self.last_id, pieces = await read_pieces(self.source.redis, self.key, self.last_id, wait_ms)
+        return pieces
 
     async def close(self) -> None:
         return None  # the stream expires (ANSWER_STREAM_TTL_S): other readers may follow it
-
-
-def _text(fields: dict[Any, Any]) -> str:
-    value = fields.get(b"text", fields.get("text", b""))
-    return value.decode() if isinstance(value, bytes) else str(value)

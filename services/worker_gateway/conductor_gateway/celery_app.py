@@ -48,7 +48,6 @@ from pydantic import ValidationError
 
 from conductor.errors import ConductorError, StepCallFailed
 from conductor.messaging import (
-    ANSWER_STREAM_TTL_S,
     CALL_WORKER_TASK,
     STEP_RESULT_TASK,
     CallReply,
@@ -63,6 +62,7 @@ from conductor.messaging import (
 from conductor.pool import Pool
 from conductor.ports import ChatWorker, DeltaSink
 from conductor.workflow import AttemptRecord
+from conductor_adapters.answer_streams import append_piece
 from conductor_adapters.loop_thread import LoopThread
 from conductor_adapters.queue import OnFirstUse, new_celery_app
 from conductor_gateway.gateway import WorkerGateway
@@ -312,10 +312,7 @@ class GatewayProcess:
 
         async def append(text: str) -> None:
             try:
-                writes = redis.pipeline(transaction=False)
-                writes.xadd(key, {"text": text})
-                writes.expire(key, ANSWER_STREAM_TTL_S)
-                await writes.execute()
+                await append_piece(redis, key, text)
             except (OSError, aioredis.RedisError) as exc:
                 logger.warning("cannot stream a piece of %s (%s)", key, exc)
 

@@ -12,7 +12,6 @@ import logging
 import uuid
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import redis.asyncio as aioredis
 from celery import Celery
@@ -30,6 +29,7 @@ from conductor.messaging import (
 from conductor.pool import Pool
 from conductor.ports import DeltaSink, StepCallResult
 from conductor.workflow import AttemptRecord
+from conductor_adapters.answer_streams import START, read_pieces
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ class _Relay:
     BLOCK_MS = 100
 
     def __init__(self, redis: aioredis.Redis, key: str, sink: DeltaSink) -> None:
-        self.redis, self.key, self.sink, self.last_id = redis, key, sink, "0-0"
+        self.redis, self.key, self.sink, self.last_id = redis, key, sink, START
         self.stopping = False
 
     async def until(self, reply: asyncio.Future[CallReply], timeout_s: float) -> CallReply:
@@ -191,9 +191,6 @@ class _Relay:
                 await asyncio.sleep(0.5)
 
     async def _read(self, block_ms: int | None) -> None:
-        read: Any = await self.redis.xread({self.key: self.last_id}, block=block_ms)
-        for _, entries in read or []:
-            for entry_id, fields in entries:
-                self.last_id = entry_id
-                value = fields.get(b"text", fields.get("text", b""))
-                await self.sink(value.decode() if isinstance(value, bytes) else str(value))
+        self.last_id, pieces = await read_pieces(self.redis, self.key, self.last_id, block_ms)
+        for text in pieces:
+            await self.sink(text)
