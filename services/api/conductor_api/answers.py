@@ -1,7 +1,8 @@
 """Waiting for a workflow's answer on behalf of a client (Chat Completions, Responses,
 completions): the answer once it has come, or the progress of a stream until it comes; a
 workflow whose client goes away first is cancelled, its answer having nobody else to go to
-(a job submitted to the job API runs on)."""
+(a job submitted to the job API runs on). And a streamed answer's text as it is written, put
+into those streams and into the job API's and gRPC's event streams."""
 
 from __future__ import annotations
 
@@ -10,15 +11,19 @@ import contextlib
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 
+from conductor.machine import FINAL_EVENT_KINDS
 from conductor_api.errors import ApiError
 from conductor_api.openai_shared import workflow_failed, workflow_timed_out
-from conductor_api.schemas import WorkflowView
+from conductor_api.runtime import AnswerSource, PieceReader
+from conductor_api.schemas import EventView, WorkflowView
 from conductor_api.service import WorkflowService
 from conductor_api.sse import KEEPALIVE, with_keepalive
+
+T = TypeVar("T")
 
 CLIENT_GONE = "its client went away before the answer"
 DISCONNECT_POLL_S = 0.5
@@ -110,64 +115,122 @@ async def workflow_progress(
 
 @dataclass(frozen=True)
 class AnswerText:
-    """A piece of the answer's text, as the answering step's worker wrote it."""
+    """A piece of the answer's text, as the answering step's worker wrote it; ``offset``: the
+    number of characters of the answer before it."""
 
     text: str
+    offset: int = 0
 
 
 async def with_answer_text(
-    service: WorkflowService,
+    source: AnswerSource | None,
     workflow_id: uuid.UUID,
-    progress: AsyncGenerator[str, None],
-    opening: int,
-) -> AsyncGenerator[str | AnswerText, None]:
-    """A workflow's stream (``workflow_progress``) with the text of its streamed answering
-    step put in as it is written, after the stream's ``opening`` lines (its start, which a
-    client reads first): every piece is out before the stream ends (the step's text is all
-    written before the step, and so the workflow, is recorded as ended). Where the runtime
-    streams no answers, the stream as it is."""
-    source = service.runtime.answer_pieces
+    progress: AsyncGenerator[T, None],
+    opening: int = 0,
+    *,
+    last: Callable[[T], bool] | None = None,
+) -> AsyncGenerator[T | AnswerText, None]:
+    """A workflow's stream (``workflow_progress``'s lines, ``follow``'s events) with the text
+    of its streamed answering step put in as it is written (read from ``source``; None: the
+    stream as it is), after the stream's ``opening`` items (its start, which a client reads
+    first). Every piece is out before the item that ``last`` tells is the outcome, else
+    before the stream ends: the step's text is all written before the step, and so the
+    workflow, is recorded as ended."""
     if source is None:
-        async for line in progress:
-            yield line
+        async for item in progress:
+            yield item
         return
     reader = source.reader(workflow_id)
-    next_line: asyncio.Future[str] = asyncio.ensure_future(anext(progress))
+    next_item: asyncio.Future[T] = asyncio.ensure_future(anext(progress))
     more: asyncio.Future[list[str]] | None = None
-    held: list[str] = []  # pieces read before the opening lines went out
+    held: list[str] = []  # pieces read and not yet out
+    offset = 0  # characters of the answer out so far
+    reading = True  # until the outcome is out
+
+    def out() -> list[AnswerText]:
+        """The pieces held, as the answer's next pieces."""
+        nonlocal held, offset
+        pieces = []
+        for text in held:
+            pieces.append(AnswerText(text, offset))
+            offset += len(text)
+        held = []
+        return pieces
+
     try:
         while True:
-            if more is None:
+            if more is None and reading:
                 more = asyncio.ensure_future(reader.more())
-            waiting: set[asyncio.Future[Any]] = {next_line, more}
+            waiting: set[asyncio.Future[Any]] = {next_item} if more is None else {next_item, more}
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            if more.done():
+            if more is not None and more.done():
                 held += more.result()
                 more = None
-            if next_line.done():
+            if next_item.done():
                 try:
-                    line = next_line.result()
+                    item = next_item.result()
                 except StopAsyncIteration:
                     break
-                yield line
+                if reading and last is not None and last(item):
+                    # The outcome: every piece was written before it, so the read under way
+                    # and one more find the rest (a read is let finish, never cancelled).
+                    held += await _rest(reader, more)
+                    more, reading, opening = None, False, 0
+                    for piece in out():
+                        yield piece
+                yield item
                 opening -= 1
-                next_line = asyncio.ensure_future(anext(progress))
+                next_item = asyncio.ensure_future(anext(progress))
             if opening <= 0:
-                for text in held:
-                    yield AnswerText(text)
-                held = []
-        # The workflow has ended: its step wrote every piece before that, so the read under
-        # way and one more find the rest (a read is let finish, never cancelled).
-        if more is not None:
-            held += await more
+                for piece in out():
+                    yield piece
+        if reading:  # the workflow has ended: as for the outcome above
+            held += await _rest(reader, more)
             more = None
-        held += await reader.more()
-        for text in held:
-            yield AnswerText(text)
+        for piece in out():
+            yield piece
     finally:
-        next_line.cancel()
+        next_item.cancel()
         if more is not None:
             with contextlib.suppress(Exception):
                 await more
         await reader.close()
         await progress.aclose()
+
+
+async def _rest(reader: PieceReader, under_way: asyncio.Future[list[str]] | None) -> list[str]:
+    """The pieces not read yet of an answer written whole: the read under way, then one more
+    that does not wait."""
+    pieces = [] if under_way is None else await under_way
+    return pieces + await reader.more(wait=False)
+
+
+async def follow_with_answer(
+    service: WorkflowService,
+    workflow_id: uuid.UUID,
+    tenant: str,
+    after: int,
+    *,
+    keepalive: bool = False,
+) -> AsyncGenerator[EventView | AnswerText | None, None]:
+    """The workflow's stored events past ``after`` (``service.follow``) and, where it asked
+    that its answer stream and is still running, that answer's text (``AnswerText``) as it is
+    written, all of it before the outcome; from the answer's start on every call, a resume
+    included (``offset`` lets a client skip what it has). With ``keepalive``, None whenever
+    ``KEEPALIVE_S`` passes without an event. Raises LookupError at once when the workflow is
+    not the tenant's."""
+    events: AsyncGenerator[EventView, None] = service.follow(workflow_id, tenant, after)
+    progress: AsyncGenerator[EventView | None, None] = (
+        with_keepalive(events) if keepalive else events
+    )
+    source = service.runtime.answer_pieces
+    if source is not None and not await source.writing(workflow_id):
+        source = None
+    merged = with_answer_text(source, workflow_id, progress, last=_is_outcome)
+    async with contextlib.aclosing(merged) as items:
+        async for item in items:
+            yield item
+
+
+def _is_outcome(event: EventView | None) -> bool:
+    return event is not None and event.kind in FINAL_EVENT_KINDS

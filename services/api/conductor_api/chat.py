@@ -194,7 +194,7 @@ async def _workflow_stream(
     start = {"workflow_id": str(workflow_id), "status": "running"}
     role = out.delta({"role": "assistant", "content": ""}, conductor=start)
     progress = workflow_progress(service, workflow_id, tenant, timeout_s, [role])
-    merged = with_answer_text(service, workflow_id, progress, 1)
+    merged = with_answer_text(service.runtime.answer_pieces, workflow_id, progress, 1)
     streamed = False  # the answer's text went out as it was written
     try:
         async with contextlib.aclosing(merged) as lines:

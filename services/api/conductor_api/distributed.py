@@ -66,7 +66,7 @@ class DistributedRuntime:
         self.pool = pool
         self.signals = EventSignals()
         # A streamed answer's text, appended to Redis by the gateway that runs its step.
-        self.answer_pieces: AnswerSource | None = RedisAnswerPieces(redis, redis_prefix)
+        self.answer_pieces: AnswerSource | None = RedisAnswerPieces(redis, redis_prefix, engine)
         self.app = app
         self.redis = redis
         self.redis_prefix = redis_prefix

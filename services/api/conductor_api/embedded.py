@@ -63,9 +63,9 @@ class EmbeddedRuntime:
         self.pool = pool
         self.signals = EventSignals()
         # The executor runs here, so the text of a streamed answer goes straight to its client.
-        pieces = AnswerPieces()
-        executor.answer_streams = pieces
-        self.answer_pieces: AnswerSource | None = pieces
+        self.pieces = AnswerPieces()
+        executor.answer_streams = self.pieces
+        self.answer_pieces: AnswerSource | None = self.pieces
         self.heartbeat_s, self.stale_after_s = heartbeat_s, stale_after_s
         self.executor = executor
         self.runner = gateway
@@ -122,6 +122,8 @@ class EmbeddedRuntime:
         # record), but the caller hears of it only once the record is committed: an accepted
         # workflow is never lost.
         recorded = self.store.record(record)
+        if request.stream_answer:  # its pieces are kept from now until its run has ended
+            self.pieces.open(workflow_id)
         task = asyncio.create_task(
             self.executor.run(
                 request.question,
@@ -168,6 +170,8 @@ class EmbeddedRuntime:
 
     def _finished(self, workflow_id: uuid.UUID, task: asyncio.Task[WorkflowRecord]) -> None:
         self._running.pop(workflow_id, None)
+        # Its streamed answer's pieces go once the readers attached now have read them.
+        self.pieces.end(workflow_id)
         if not task.cancelled() and task.exception() is not None:
             logger.error("workflow task failed", exc_info=task.exception())
 

@@ -10,6 +10,7 @@ API's ``x-ratelimit-*`` headers).
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -23,6 +24,7 @@ from conductor.machine import FINAL_EVENT_KINDS
 from conductor_adapters.rpc.guard import clipped
 from conductor_adapters.rpc.reflection import enable_reflection
 from conductor_adapters.rpc.v1 import common_pb2, workflows_pb2, workflows_pb2_grpc
+from conductor_api.answers import AnswerText, follow_with_answer
 from conductor_api.auth import identify
 from conductor_api.errors import ApiError, not_found, runs_elsewhere
 from conductor_api.reads import (
@@ -36,6 +38,7 @@ from conductor_api.runtime import WorkflowElsewhere
 from conductor_api.service import WorkflowService
 from conductor_api.wire import (
     WORKFLOW_STATUS,
+    answer_delta_to_proto,
     event_to_proto,
     summary_to_proto,
     workflow_to_proto,
@@ -68,6 +71,7 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
                 max_steps=request.max_steps if request.HasField("max_steps") else None,
                 cost_weight=request.cost_weight if request.HasField("cost_weight") else None,
                 metadata=dict(request.metadata),
+                stream_answer=request.stream_answer,
             )
         except (InvalidRequest, ValueError) as exc:
             await _abort(context, ApiError(400, str(exc)))
@@ -132,11 +136,19 @@ class WorkflowsServicer(workflows_pb2_grpc.WorkflowsServicer):  # type: ignore[m
         after = min(max(0, request.after_sequence), MAX_SEQUENCE)
         if not await self.service.exists(workflow_id, caller.tenant):
             await _abort(context, ApiError(404, f"workflow {workflow_id} not found"))
-        async for event in self.service.follow(workflow_id, caller.tenant, after):
-            outcome = None
-            if event.kind in FINAL_EVENT_KINDS:
-                outcome = await self.service.read(workflow_id, caller.tenant)
-            yield event_to_proto(event, outcome)
+        followed = follow_with_answer(self.service, workflow_id, caller.tenant, after)
+        async with contextlib.aclosing(followed) as items:
+            async for item in items:
+                if isinstance(item, AnswerText):
+                    # Not stored: numbered as the last stored event sent, the resume point.
+                    yield answer_delta_to_proto(workflow_id, after, item.text, item.offset)
+                    continue
+                assert item is not None, "no keepalives asked for"
+                outcome = None
+                if item.kind in FINAL_EVENT_KINDS:
+                    outcome = await self.service.read(workflow_id, caller.tenant)
+                yield event_to_proto(item, outcome)
+                after = item.sequence
 
     async def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
         metadata = dict(context.invocation_metadata() or ())

@@ -4,6 +4,7 @@ workflows, read one, follow its events, cancel it, score its answer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -15,6 +16,7 @@ from fastapi.responses import StreamingResponse
 
 from conductor_adapters.webhooks import load_deliveries
 from conductor_api.admission import keep_limit_headers
+from conductor_api.answers import AnswerText, follow_with_answer
 from conductor_api.auth import CallerDep, ServiceDep
 from conductor_api.errors import ApiError, not_found, runs_elsewhere
 from conductor_api.reads import (
@@ -28,6 +30,7 @@ from conductor_api.reads import (
 from conductor_api.runtime import WorkflowElsewhere
 from conductor_api.schemas import (
     EVENT_STREAM,
+    AnswerDeltaView,
     ErrorResponse,
     EventView,
     Feedback,
@@ -40,10 +43,11 @@ from conductor_api.schemas import (
     WorkflowView,
 )
 from conductor_api.service import WorkflowService
-from conductor_api.sse import KEEPALIVE, STREAM_HEADERS, event_frame, with_keepalive
+from conductor_api.sse import KEEPALIVE, STREAM_HEADERS, event_frame, named_frame
 
 router = APIRouter(prefix="/v1/workflows", tags=["Workflows"])
 _SEQUENCE = re.compile(r"[0-9]{1,10}")  # ASCII digits only: str.isdigit() admits "²"
+ANSWER_DELTA = "answer.delta"  # the SSE event of a piece of the answer's text
 
 
 @router.post(
@@ -82,6 +86,7 @@ async def submit(
         metadata=body.metadata,
         callback_url=body.callback_url,
         idempotency_key=idempotency_key,
+        stream_answer=body.stream_answer,
     )
     keep_limit_headers(request, started.limit_headers)
     if started.replayed:
@@ -151,7 +156,14 @@ async def get_workflow(
 @router.get(
     "/{workflow_id}/events",
     response_class=StreamingResponse,
-    responses={200: {"content": EVENT_STREAM, "model": EventView}},
+    responses={
+        200: {
+            "content": EVENT_STREAM,
+            "model": EventView,
+            "description": "The stored events; answer.delta events (AnswerDeltaView, without "
+            "an id) between them where the workflow was submitted with stream_answer.",
+        }
+    },
 )
 async def workflow_events(
     workflow_id: uuid.UUID,
@@ -164,7 +176,13 @@ async def workflow_events(
     last_event_id: Annotated[str | None, Header(description="Standard SSE resume point.")] = None,
 ) -> StreamingResponse:
     """Server-sent events (``id`` = sequence, ``event`` = kind, ``data`` = the event as JSON):
-    everything that already happened, then each new event; ends after the outcome."""
+    everything that already happened, then each new event; ends after the outcome. A workflow
+    submitted with ``stream_answer`` has, while it runs, its answer's text in between as it is
+    written: ``event: answer.delta`` without an ``id`` (not stored: Last-Event-ID stays the
+    last stored sequence), ``data`` = ``{"workflow_id", "text", "offset"}`` with ``offset``
+    the characters of the answer before the piece; all of it before the outcome. Every
+    stream, a resume too, sends the pieces from the answer's start: ``offset`` tells what a
+    client has."""
     if last_event_id is not None:
         resume = last_event_id.strip()
         if not _SEQUENCE.fullmatch(resume) or int(resume) > MAX_SEQUENCE:
@@ -181,11 +199,16 @@ async def workflow_events(
 async def _event_stream(
     service: WorkflowService, workflow_id: uuid.UUID, tenant: str, after: int
 ) -> AsyncIterator[str]:
-    async for event in with_keepalive(service.follow(workflow_id, tenant, after)):
-        if event is None:
-            yield KEEPALIVE
-        else:
-            yield event_frame(event.sequence, event.kind, event.model_dump(mode="json"))
+    followed = follow_with_answer(service, workflow_id, tenant, after, keepalive=True)
+    async with contextlib.aclosing(followed) as items:
+        async for item in items:
+            if item is None:
+                yield KEEPALIVE
+            elif isinstance(item, AnswerText):
+                delta = AnswerDeltaView(workflow_id=workflow_id, text=item.text, offset=item.offset)
+                yield named_frame(ANSWER_DELTA, delta.model_dump(mode="json"))
+            else:
+                yield event_frame(item.sequence, item.kind, item.model_dump(mode="json"))
 
 
 @router.get("/{workflow_id}/webhooks", response_model=WebhookDeliveryList)

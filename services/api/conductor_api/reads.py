@@ -16,10 +16,11 @@ from typing import Any
 from sqlalchemy import Engine, RowMapping, and_, bindparam, exists, func, or_, select, update
 
 from conductor.machine import FINAL_EVENT_KINDS
-from conductor.workflow import AttemptRecord, answer_tool_calls
+from conductor.workflow import TERMINAL_WORKFLOW_STATUSES, AttemptRecord, answer_tool_calls
 from conductor_adapters.store.models import (
     attempt_table,
     event_table,
+    run_table,
     step_table,
     workflow_table,
 )
@@ -343,6 +344,19 @@ def workflow_status(engine: Engine, workflow_id: uuid.UUID, tenant: str) -> str 
     with engine.connect() as conn:
         status: str | None = conn.execute(query).scalar_one_or_none()
     return status
+
+
+def run_streams_answer(engine: Engine, workflow_id: uuid.UUID) -> bool:
+    """Whether a workflow the aggregators run asked that its answer stream and has not ended,
+    as its run row says (the distributed runtime's; the trace row does not keep the ask)."""
+    query = select(run_table.c.status, run_table.c.request).where(
+        run_table.c.workflow_id == workflow_id
+    )
+    with engine.connect() as conn:
+        row = conn.execute(query).one_or_none()
+    if row is None or row.status in TERMINAL_WORKFLOW_STATUSES:
+        return False
+    return bool((row.request or {}).get("stream_answer"))
 
 
 def store_feedback(engine: Engine, workflow_id: uuid.UUID, tenant: str, score: float) -> bool:

@@ -146,7 +146,8 @@ async def _workflow_stream(
     snapshot = response_object(stored, status="in_progress", text=None, usage=None, conductor=start)
     opening = events.started(snapshot)
     progress = workflow_progress(service, workflow_id, tenant, timeout_s, opening)
-    merged = with_answer_text(service, workflow_id, progress, len(opening))
+    source = service.runtime.answer_pieces
+    merged = with_answer_text(source, workflow_id, progress, len(opening))
     try:
         async with contextlib.aclosing(merged) as lines:
             async for line in lines:

@@ -24,6 +24,7 @@ from conductor.pool import Pool
 from conductor.ports import DeltaSink, StepRunner
 from conductor_adapters.answer_streams import START, read_pieces
 from conductor_adapters.store.runs import SubmitRequest
+from conductor_api.reads import run_streams_answer
 
 # A reader re-reads a workflow's events this often when announcements may not reach it (a
 # workflow run by another process, announcements interrupted)...
@@ -147,9 +148,9 @@ PIECE_WAIT_S = 0.1
 class PieceReader(Protocol):
     """One client's read of a workflow's streamed answer, in order."""
 
-    async def more(self) -> list[str]:
-        """The pieces written since the last read, waiting up to ``PIECE_WAIT_S`` for one:
-        empty when none came."""
+    async def more(self, *, wait: bool = True) -> list[str]:
+        """The pieces written since the last read, waiting up to ``PIECE_WAIT_S`` for one
+        (``wait``; else not at all): empty when none came."""
         ...
 
     async def close(self) -> None: ...
@@ -160,72 +161,124 @@ class AnswerSource(Protocol):
 
     def reader(self, workflow_id: uuid.UUID) -> PieceReader: ...
 
+    async def writing(self, workflow_id: uuid.UUID) -> bool:
+        """Whether the workflow asked that its answer stream and has not ended: a reader
+        opened now may get pieces. (Whether its answering step does stream is the machine's
+        call: with a required form, tools or a reviewed round it does not.)"""
+        ...
+
+
+class _Answer:
+    """One workflow's streamed answer in memory: its pieces so far, its readers, whether its
+    run has ended."""
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+        self.readers = 0
+        self.ended = False
+        self.wakeup = asyncio.Event()  # set, and replaced, at each piece
+
 
 class AnswerPieces:
     """The text of workflows' streamed answering steps as the embedded driver's workers write
     it (``AnswerStreams``), read by the clients that stream those answers (``AnswerSource``).
 
-    A workflow's pieces are kept from its first until its reader closes (its stream has
-    ended), so a reader that starts late reads them from the start; only workflows whose
-    client streams have any.
+    Only workflows that asked for it (``open``, at their submission) keep pieces: from the
+    first until their run has ended (``end``) and every reader then attached has closed, so a
+    reader that starts late, while the workflow runs, reads them from the start, any number
+    of readers each read all of them, and the pieces of a workflow nobody reads go when it
+    ends.
     """
 
     def __init__(self) -> None:
-        self._pieces: dict[uuid.UUID, list[str]] = {}
-        self._wakeups: dict[uuid.UUID, asyncio.Event] = {}
+        self._answers: dict[uuid.UUID, _Answer] = {}
+
+    def open(self, workflow_id: uuid.UUID) -> None:
+        """Keep the pieces of ``workflow_id``, which asked that its answer stream."""
+        self._answers.setdefault(workflow_id, _Answer())
+
+    def end(self, workflow_id: uuid.UUID) -> None:
+        """Its run has ended: its pieces go once its readers have closed (now, if none)."""
+        answer = self._answers.get(workflow_id)
+        if answer is not None:
+            answer.ended = True
+            self._drop_if_done(workflow_id, answer)
 
     def sink(self, workflow_id: uuid.UUID, step: int) -> DeltaSink:
         # One answering step streams per workflow (``WorkflowMachine._streams``).
         async def add(text: str) -> None:
-            self._pieces.setdefault(workflow_id, []).append(text)
-            wakeup = self._wakeups.pop(workflow_id, None)
-            if wakeup is not None:
-                wakeup.set()
+            answer = self._answers.get(workflow_id)
+            if answer is None:  # not opened (it did not ask), or its run has ended
+                return
+            answer.pieces.append(text)
+            answer.wakeup.set()
+            answer.wakeup = asyncio.Event()
 
         return add
 
     def reader(self, workflow_id: uuid.UUID) -> PieceReader:
-        return _MemoryReader(self, workflow_id)
+        return _MemoryReader(self, workflow_id, self._answers.get(workflow_id))
+
+    async def writing(self, workflow_id: uuid.UUID) -> bool:
+        answer = self._answers.get(workflow_id)
+        return answer is not None and not answer.ended
+
+    def _drop_if_done(self, workflow_id: uuid.UUID, answer: _Answer) -> None:
+        if answer.ended and answer.readers == 0 and self._answers.get(workflow_id) is answer:
+            del self._answers[workflow_id]
 
 
 class _MemoryReader:
-    def __init__(self, pieces: AnswerPieces, workflow_id: uuid.UUID) -> None:
-        self.pieces, self.workflow_id, self.seen = pieces, workflow_id, 0
+    def __init__(
+        self, pieces: AnswerPieces, workflow_id: uuid.UUID, answer: _Answer | None
+    ) -> None:
+        self.pieces, self.workflow_id, self.answer, self.seen = pieces, workflow_id, answer, 0
+        if answer is not None:
+            answer.readers += 1
 
-    async def more(self) -> list[str]:
-        pieces, workflow_id = self.pieces, self.workflow_id
-        if len(pieces._pieces.get(workflow_id, [])) <= self.seen:
-            wakeup = pieces._wakeups.setdefault(workflow_id, asyncio.Event())
+    async def more(self, *, wait: bool = True) -> list[str]:
+        answer = self.answer
+        if answer is None:  # nothing of it is kept: nothing ever comes
+            if wait:
+                await asyncio.sleep(PIECE_WAIT_S)
+            return []
+        if wait and len(answer.pieces) <= self.seen:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(PIECE_WAIT_S):
-                    await wakeup.wait()
-        new = pieces._pieces.get(workflow_id, [])[self.seen :]
+                    await answer.wakeup.wait()
+        new = answer.pieces[self.seen :]
         self.seen += len(new)
         return new
 
     async def close(self) -> None:
-        self.pieces._pieces.pop(self.workflow_id, None)
-        self.pieces._wakeups.pop(self.workflow_id, None)
+        answer, self.answer = self.answer, None
+        if answer is not None:
+            answer.readers -= 1
+            self.pieces._drop_if_done(self.workflow_id, answer)
 
 
 class RedisAnswerPieces:
     """The text of streamed answers in distributed mode: a gateway appends each piece to the
     workflow's Redis stream (``answer_stream_key``) as its worker writes it; the API process
-    that holds the client's stream reads it there. Nothing of it touches PostgreSQL."""
+    that holds the client's stream reads it there, as many readers as follow it. Nothing of
+    it touches PostgreSQL; whether a workflow asked for it is read from its run row."""
 
-    def __init__(self, redis: aioredis.Redis, prefix: str) -> None:
-        self.redis, self.prefix = redis, prefix
+    def __init__(self, redis: aioredis.Redis, prefix: str, engine: Engine) -> None:
+        self.redis, self.prefix, self.engine = redis, prefix, engine
 
     def reader(self, workflow_id: uuid.UUID) -> PieceReader:
         return _RedisReader(self, answer_stream_key(self.prefix, workflow_id))
+
+    async def writing(self, workflow_id: uuid.UUID) -> bool:
+        return await asyncio.to_thread(run_streams_answer, self.engine, workflow_id)
 
 
 class _RedisReader:
     def __init__(self, source: RedisAnswerPieces, key: str) -> None:
         self.source, self.key, self.last_id = source, key, START
 
-    async def more(self) -> list[str]:
-        wait_ms = int(PIECE_WAIT_S * 1000)
+    async def more(self, *, wait: bool = True) -> list[str]:
+        wait_ms = int(PIECE_WAIT_S * 1000) if wait else None
         self.last_id, pieces = await read_pieces(self.source.redis, self.key, self.last_id, wait_ms)
         return pieces
 

@@ -139,6 +139,13 @@ class WorkflowSubmission(BaseModel):
         description="Where the outcome is POSTed when the workflow ends, signed with the key's "
         "webhook secret (Standard Webhooks); default: the key's webhook URL, if any.",
     )
+    stream_answer: bool = Field(
+        default=False,
+        strict=True,
+        description="Write the answering step's text to the workflow's events as its worker "
+        "writes it (answer.delta events), where the answer can stream: not in a round the "
+        "Conductor reviews.",
+    )
 
 
 class WebhookDeliveryList(BaseModel):
@@ -242,6 +249,15 @@ class EventView(BaseModel):
     kind: Literal["plan", "step_started", "step_finished", "completed", "failed", "cancelled"]
     at: datetime
     data: dict[str, Any]
+
+
+class AnswerDeltaView(BaseModel):
+    """A piece of the answer's text as its worker writes it (an ``answer.delta`` event of a
+    workflow submitted with ``stream_answer``); not stored, so it has no sequence."""
+
+    workflow_id: uuid.UUID
+    text: str
+    offset: int = Field(description="Characters of the answer before this piece.")
 
 
 class ModelCard(BaseModel):

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import re
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy.exc import IntegrityError
@@ -329,7 +329,7 @@ class WorkflowService:
 
     async def follow(
         self, workflow_id: uuid.UUID, tenant: str, after: int = 0
-    ) -> AsyncIterator[EventView]:
+    ) -> AsyncGenerator[EventView, None]:
         """The workflow's events after ``after``, in order, as they are stored; ends after the
         outcome. Raises LookupError at once when the workflow is not the tenant's."""
         first = True

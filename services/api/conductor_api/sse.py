@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -25,9 +25,15 @@ def event_frame(event_id: int, kind: str, payload: Any) -> str:
     return f"id: {event_id}\nevent: {kind}\ndata: {body}\n\n"
 
 
+def named_frame(kind: str, payload: Any) -> str:
+    """An event without an id: one that is not stored, so a client's resume point stays put."""
+    body = json.dumps(payload, ensure_ascii=False, default=str)
+    return f"event: {kind}\ndata: {body}\n\n"
+
+
 async def with_keepalive(
     source: AsyncIterator[T], interval_s: float = KEEPALIVE_S
-) -> AsyncIterator[T | None]:
+) -> AsyncGenerator[T | None, None]:
     """Items of ``source``, and None whenever ``interval_s`` passes without one.
 
     A task pumps the source into a queue, so waiting with a timeout never cancels the source

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -139,4 +140,15 @@ def event_to_proto(event: EventView, outcome: WorkflowView | None = None) -> Any
         sequence=event.sequence,
         at=timestamp(event.at),
         **payload,
+    )
+
+
+def answer_delta_to_proto(workflow_id: uuid.UUID, sequence: int, text: str, offset: int) -> Any:
+    """A piece of the answer's text, ``offset`` characters into it, as an event: ``sequence``
+    is the last stored event's sent before it, ``at`` when it is sent."""
+    return workflows_pb2.WorkflowEvent(
+        workflow_id=str(workflow_id),
+        sequence=sequence,
+        at=timestamp(datetime.now(UTC)),
+        answer_delta=workflows_pb2.AnswerDelta(text=text, offset=offset),
     )

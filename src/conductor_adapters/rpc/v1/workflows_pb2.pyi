@@ -83,7 +83,7 @@ class CancelRequest(_message.Message):
     def __init__(self, workflow_id: _Optional[str] = ...) -> None: ...
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("question", "variant", "pool", "max_steps", "metadata", "cost_weight")
+    __slots__ = ("question", "variant", "pool", "max_steps", "metadata", "cost_weight", "stream_answer")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -97,13 +97,15 @@ class SubmitRequest(_message.Message):
     MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
     COST_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ANSWER_FIELD_NUMBER: _ClassVar[int]
     question: str
     variant: str
     pool: _containers.RepeatedScalarFieldContainer[str]
     max_steps: int
     metadata: _containers.ScalarMap[str, str]
     cost_weight: float
-    def __init__(self, question: _Optional[str] = ..., variant: _Optional[str] = ..., pool: _Optional[_Iterable[str]] = ..., max_steps: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., cost_weight: _Optional[float] = ...) -> None: ...
+    stream_answer: bool
+    def __init__(self, question: _Optional[str] = ..., variant: _Optional[str] = ..., pool: _Optional[_Iterable[str]] = ..., max_steps: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., cost_weight: _Optional[float] = ..., stream_answer: _Optional[bool] = ...) -> None: ...
 
 class SubmitResponse(_message.Message):
     __slots__ = ("workflow_id", "status")
@@ -128,7 +130,7 @@ class WatchRequest(_message.Message):
     def __init__(self, workflow_id: _Optional[str] = ..., after_sequence: _Optional[int] = ...) -> None: ...
 
 class WorkflowEvent(_message.Message):
-    __slots__ = ("workflow_id", "sequence", "at", "plan", "step_started", "step_finished", "completed", "failed", "cancelled")
+    __slots__ = ("workflow_id", "sequence", "at", "plan", "step_started", "step_finished", "completed", "failed", "cancelled", "answer_delta")
     WORKFLOW_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +140,7 @@ class WorkflowEvent(_message.Message):
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_DELTA_FIELD_NUMBER: _ClassVar[int]
     workflow_id: str
     sequence: int
     at: _timestamp_pb2.Timestamp
@@ -147,4 +150,13 @@ class WorkflowEvent(_message.Message):
     completed: _common_pb2.Workflow
     failed: _common_pb2.Workflow
     cancelled: _common_pb2.Workflow
-    def __init__(self, workflow_id: _Optional[str] = ..., sequence: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., plan: _Optional[_Union[_common_pb2.PlannerCall, _Mapping]] = ..., step_started: _Optional[_Union[_common_pb2.Step, _Mapping]] = ..., step_finished: _Optional[_Union[_common_pb2.Step, _Mapping]] = ..., completed: _Optional[_Union[_common_pb2.Workflow, _Mapping]] = ..., failed: _Optional[_Union[_common_pb2.Workflow, _Mapping]] = ..., cancelled: _Optional[_Union[_common_pb2.Workflow, _Mapping]] = ...) -> None: ...
+    answer_delta: AnswerDelta
+    def __init__(self, workflow_id: _Optional[str] = ..., sequence: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., plan: _Optional[_Union[_common_pb2.PlannerCall, _Mapping]] = ..., step_started: _Optional[_Union[_common_pb2.Step, _Mapping]] = ..., step_finished: _Optional[_Union[_common_pb2.Step, _Mapping]] = ..., completed: _Optional[_Union[_common_pb2.Workflow, _Mapping]] = ..., failed: _Optional[_Union[_common_pb2.Workflow, _Mapping]] = ..., cancelled: _Optional[_Union[_common_pb2.Workflow, _Mapping]] = ..., answer_delta: _Optional[_Union[AnswerDelta, _Mapping]] = ...) -> None: ...
+
+class AnswerDelta(_message.Message):
+    __slots__ = ("text", "offset")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    offset: int
+    def __init__(self, text: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...

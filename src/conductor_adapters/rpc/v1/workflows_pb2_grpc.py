@@ -86,6 +86,8 @@ class WorkflowsServicer:
     def Watch(self, request, context):
         """Streams the workflow's events in sequence order, starting after after_sequence, and ends
         after the completed, failed or cancelled event. A finished workflow's events are replayed.
+        A workflow submitted with stream_answer has, while it runs, its answer's text in between
+        as it is written (answer_delta), all of it before the outcome.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
