@@ -220,7 +220,10 @@ def build_aggregator(
         loop=LoopThread("conductor-aggregator-loop"),
         pool=pool,
         writes=TraceWrites(
-            engine.dialect.name, pool, secret_env_names=secret_variables(pool, settings)
+            engine.dialect.name,
+            pool,
+            secret_env_names=secret_variables(pool, settings),
+            sole_writer=True,  # each change holds the run's lock; the API wrote the row
         ),
         redis_client=redis.Redis.from_url(aggregator_settings.redis_url),
         redis_prefix=aggregator_settings.redis_prefix,

@@ -21,6 +21,7 @@ from kombu.exceptions import OperationalError as BrokerOperationalError
 from sqlalchemy import Engine, func, select
 
 from conductor.chat import Usage
+from conductor.errors import PlannerUnavailable
 from conductor.machine import utcnow
 from conductor.messaging import (
     CALL_WORKER_TASK,
@@ -33,9 +34,9 @@ from conductor.messaging import (
     unapplied_key,
 )
 from conductor.pool import Pool, Price, Provider, WorkerSpec
-from conductor.ports import StepCallResult
+from conductor.ports import PlanRequest, StepCallResult
 from conductor.variants import BUILTIN_VARIANTS, Variant
-from conductor.workflow import AttemptRecord, WorkflowStatus
+from conductor.workflow import AttemptRecord, PlanOutcome, WorkflowStatus
 from conductor_adapters.loop_thread import LoopThread
 from conductor_adapters.store.db import make_engine, upgrade
 from conductor_adapters.store.models import attempt_table, event_table, outbox_table, step_table
@@ -95,9 +96,22 @@ def loop() -> Iterator[LoopThread]:
     thread.stop()
 
 
+_built: list[Aggregator] = []
+
+
+@pytest.fixture(autouse=True)
+def _stop_their_threads() -> Iterator[None]:
+    """Stops the thread that deletes each aggregator's sent rows, before its database goes."""
+    yield
+    while _built:
+        _built.pop().sent_rows.close()
+
+
 def _aggregator(
-    engine: Engine, loop: LoopThread, outputs: list[str]
+    engine: Engine, loop: LoopThread, outputs: list[str], *, plan_on_start: bool = False
 ) -> tuple[Aggregator, RecordingApp]:
+    """An aggregator whose every planning round goes through the queue, unless
+    ``plan_on_start`` (as deployed): the first is planned by the thread that starts it."""
     app = RecordingApp()
     aggregator = Aggregator(
         engine=engine,
@@ -107,7 +121,9 @@ def _aggregator(
         pool=POOL,
         writes=TraceWrites("postgresql", POOL),
         metrics=AggregatorMetrics(),
+        plan_on_start=plan_on_start,
     )
+    _built.append(aggregator)
     return aggregator, app
 
 
@@ -482,6 +498,7 @@ def test_steps_are_sent_only_after_the_state_that_sends_them_is_committed(
     # Then each step was sent when its dispatch could already be read from another connection,
     # and nothing is left in the outbox
     assert app.committed_at_send == [True, True]
+    aggregator.sent_rows.flush()  # as its thread does every 0.2 s
     assert _outbox_rows(engine) == 0
 
 
@@ -502,6 +519,7 @@ def test_messages_a_failed_send_left_behind_are_sent_by_the_sweeper_once(
     assert run is not None
     assert run.state is not None
     assert run.state.dispatches == {0: 1}
+    aggregator.sent_rows.flush()  # the round's message, sent
     assert _outbox_rows(engine) == 1
 
     # When the broker answers again, and the plan message is redelivered meanwhile
@@ -518,6 +536,7 @@ def test_messages_a_failed_send_left_behind_are_sent_by_the_sweeper_once(
     assert request.context is not None
     assert (request.context.step, request.context.dispatch) == (0, 1)
     assert app.sent == []
+    aggregator.sent_rows.flush()
     assert _outbox_rows(engine) == 0
     # and the workflow goes on to its end
     aggregator.step_result(_answer(call))
@@ -570,3 +589,95 @@ def test_a_step_result_recorded_by_its_gateway_but_never_delivered_is_applied_by
     assert app.sent == []
     assert _metric(aggregator, "conductor_sweeper_actions_total", action="recovered") == 1
     aggregator.redis.close()
+
+
+# -- the first round planned by the thread that starts the workflow ---------------------------
+
+
+@dataclass
+class FlakyPlanner:
+    """The scripted planner behind a connection that fails its first ``failures`` calls."""
+
+    planner: ConductorPlanner
+    failures: int = 1
+    calls: int = 0
+
+    async def plan(self, request: PlanRequest) -> PlanOutcome:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise PlannerUnavailable("the planner is loading")
+        return await self.planner.plan(request)
+
+
+def test_a_started_workflow_is_planned_at_once_and_every_repeat_changes_nothing(
+    engine: Engine, loop: LoopThread
+) -> None:
+    # Given an aggregator as deployed: the thread that starts a workflow plans its first round
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS], plan_on_start=True)
+    workflow_id = _submit(engine)
+
+    # When the workflow starts, and its start and its first round's message come again
+    aggregator.start(workflow_id)
+    [first] = app.take(CALL_WORKER_TASK)
+    aggregator.start(workflow_id)
+    aggregator.plan(workflow_id, 0)
+
+    # Then no round went through the queue, the first step went out once, the round's staged
+    # message is gone (it was planned), and the workflow runs on to its answer
+    assert app.take(PLAN_ROUND_TASK) == []
+    assert app.sent == []
+    aggregator.sent_rows.flush()
+    assert _outbox_rows(engine) == 0
+    aggregator.step_result(_answer(first))
+    [second] = app.take(CALL_WORKER_TASK)
+    aggregator.step_result(_answer(second))
+    with engine.connect() as conn:
+        run = load_run(conn, workflow_id)
+    assert run is not None
+    assert run.state is not None
+    assert run.state.result.status is WorkflowStatus.COMPLETED
+    assert len(run.state.result.planner_calls) == 1
+
+
+def test_a_first_round_the_planner_cannot_take_now_goes_through_the_queue(
+    engine: Engine, loop: LoopThread
+) -> None:
+    # Given a planner that is loading when the workflow starts
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS], plan_on_start=True)
+    planner = FlakyPlanner(aggregator.planner)  # type: ignore[arg-type]
+    aggregator.planner = planner
+    workflow_id = _submit(engine)
+
+    # When the workflow starts
+    aggregator.start(workflow_id)
+
+    # Then its round is sent as a message (whose task tries again with backoff), and planned
+    # when it is handled
+    [plan] = app.take(PLAN_ROUND_TASK)
+    assert app.sent == []
+    aggregator.plan(uuid.UUID(plan[0]), plan[1])
+    assert len(app.take(CALL_WORKER_TASK)) == 1
+    assert planner.calls == 2
+
+
+def test_a_first_round_whose_aggregator_died_is_sent_by_a_sweeper_after_its_planning_time(
+    engine: Engine, loop: LoopThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an aggregator that dies after committing a start and before planning its round
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS], plan_on_start=True)
+    monkeypatch.setattr(aggregator, "_plan_here", lambda *args: None)
+    workflow_id = _submit(engine)
+    aggregator.start(workflow_id)
+    assert app.sent == []
+
+    # When sweepers look past a sent message's grace, then past the planner's time as well
+    aggregator.sweep(utcnow() + timedelta(seconds=GRACE_S + 1))
+    assert app.take(PLAN_ROUND_TASK) == []  # it may still be planning: nobody plans it twice
+    later = timedelta(seconds=aggregator.planner_timeout_s + GRACE_S + 1)
+    aggregator.sweep(utcnow() + later)
+
+    # Then the round is sent once, and planned by whoever takes it
+    [plan] = app.take(PLAN_ROUND_TASK)
+    assert plan == [str(workflow_id), 0]
+    aggregator.plan(uuid.UUID(plan[0]), plan[1])
+    assert len(app.take(CALL_WORKER_TASK)) == 1

@@ -34,6 +34,18 @@ def test_the_overhead_benchmark_measures_every_embedded_path(tmp_path: Path) -> 
     assert (tmp_path / "overhead.png").exists()
 
 
+@pytest.mark.postgres
+def test_the_aggregator_benchmark_runs_workflows_to_their_end() -> None:
+    # When the aggregator's own benchmark runs a few workflows of each length
+    command = [sys.executable, str(ROOT / "benchmarks" / "aggregator_messages.py")]
+    command += ["--workflows", "3"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
+    # Then it printed both rows (it fails when a workflow did not complete)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    for steps in (1, 3):
+        assert f"{steps}-step workflow: CPU" in done.stdout
+
+
 @pytest.mark.model
 def test_the_routing_benchmark_times_the_router_against_the_model() -> None:
     command = [sys.executable, str(ROOT / "benchmarks" / "routing_latency.py")]

@@ -4,7 +4,9 @@ Each message (a workflow start, a planning round, a step result, a passed deadli
 transaction: lock the workflow's run row, load its state, apply what happened, write traces and
 numbered events, save the state, and stage what the machine now calls for (steps for the
 vendor queues, planning rounds for the aggregator queue) in the outbox table; commit; then send
-the staged messages and delete their rows; only then is the message acknowledged (acks_late).
+the staged messages (their rows are deleted in batches, ``outbox.SentRows``); only then is the
+message acknowledged (acks_late). A workflow's first round is planned by the thread that
+started it, after that commit, rather than through the queue (``_change_once``).
 
 Why sends follow the commit (issue 36 #13): sent before it, a step went out from a transaction
 that could still fail or die (the broker's publish retries, a killed process, the database),
@@ -35,7 +37,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import httpx
 import redis
@@ -140,6 +142,7 @@ class Aggregator:
         planner_timeout_s: float = 300.0,
         broker_watch: RedisBrokerWatch | None = None,
         metrics: AggregatorMetrics | None = None,
+        plan_on_start: bool = True,
     ) -> None:
         if engine.dialect.name != "postgresql":
             raise ConfigurationError(
@@ -158,6 +161,10 @@ class Aggregator:
         self.planner_timeout_s = planner_timeout_s
         self.broker_watch = broker_watch
         self.metrics = metrics
+        # A started workflow's first round is planned by the thread that started it
+        # (``_change_once``); False sends it through the queue like every other round.
+        self.plan_on_start = plan_on_start
+        self.sent_rows = outbox.SentRows(engine)
 
     def deliver_webhook(self, delivery_id: str) -> None:
         """One attempt at a webhook delivery (a failed one is claimed again when due)."""
@@ -172,6 +179,7 @@ class Aggregator:
         if aclose is not None:
             self.loop.run(aclose(), timeout_s=10)
         self.loop.stop()
+        self.sent_rows.close()
         if self.redis is not None:
             self.redis.close()
         if self.broker_watch is not None:
@@ -186,7 +194,7 @@ class Aggregator:
                 return None  # a duplicate start: it is running already (or was cancelled)
             return self._new_machine(workflow_id, run)
 
-        self._change(workflow_id, begin)
+        self._change(workflow_id, begin, plan_here=self.plan_on_start)
 
     def _new_machine(self, workflow_id: uuid.UUID, run: RunRow) -> WorkflowMachine:
         """The machine of a submitted run; it fails at once if its pool names workers this
@@ -224,16 +232,25 @@ class Aggregator:
 
         self._change(workflow_id, cancelling)
 
-    def plan(self, workflow_id: uuid.UUID, round_no: int, *, final_try: bool = True) -> None:
+    def plan(
+        self,
+        workflow_id: uuid.UUID,
+        round_no: int,
+        *,
+        final_try: bool = True,
+        waiting: WorkflowMachine | None = None,
+    ) -> None:
         """Ask the planner for a round's plan. A retryable PlannerError is raised for the round
-        to be tried again, unless this is the final try: then the round fails with it."""
-        # Read under the row lock, released at once: this message can arrive before the
-        # transaction that sent it commits, and the lock waits for that commit.
-        with self.engine.begin() as conn:
-            run = lock_run(conn, workflow_id)
-        if run is None or run.state is None:
-            return
-        waiting = WorkflowMachine(run.state)
+        to be tried again, unless this is the final try: then the round fails with it.
+        ``waiting``: the workflow as this process just committed it (else it is read)."""
+        if waiting is None:
+            # Read under the row lock, released at once: this message can arrive before the
+            # transaction that sent it commits, and the lock waits for that commit.
+            with self.engine.begin() as conn:
+                run = lock_run(conn, workflow_id)
+            if run is None or run.state is None:
+                return
+            waiting = WorkflowMachine(run.state)
         if waiting.state.finished or waiting.state.planning_round != round_no:
             return  # a duplicate, or a round already planned or given up
         request = waiting.plan_request(round_no)
@@ -356,6 +373,7 @@ class Aggregator:
         """Send the messages whose aggregator committed them but did not send them (it died, or
         the broker was unreachable); returns how many were sent."""
         now = now or utcnow()
+        self.sent_rows.flush()  # rows known sent are not stale, however old
         with self.engine.begin() as conn:
             stale = outbox.take_stale(conn, now)
             done = self._send_staged(stale)
@@ -370,9 +388,9 @@ class Aggregator:
         """Apply one fact to a running workflow; nothing happens when it no longer applies."""
         self._change(workflow_id, _applying(fact))
 
-    def _change(self, workflow_id: uuid.UUID, change: Change) -> None:
+    def _change(self, workflow_id: uuid.UUID, change: Change, *, plan_here: bool = False) -> None:
         try:
-            self._change_once(workflow_id, change)
+            self._change_once(workflow_id, change, plan_here=plan_here)
         except DataError as exc:
             # The database refuses this data (a provider reporting more tokens than a column
             # holds, say): every retry would fail alike and send again what the change sends.
@@ -382,7 +400,14 @@ class Aggregator:
             logger.error("workflow %s: %s", workflow_id, reason)
             self._change_once(workflow_id, _applying(Aborted(reason)))
 
-    def _change_once(self, workflow_id: uuid.UUID, change: Change) -> None:
+    def _change_once(
+        self, workflow_id: uuid.UUID, change: Change, *, plan_here: bool = False
+    ) -> None:
+        """One transaction; then what it calls for goes out. ``plan_here``: a planning round
+        it calls for is asked of the planner by this thread, after the commit, rather than
+        sent through the queue to this or another aggregator (a publish, a delivery and a
+        read of the workflow fewer). Its message is staged all the same, dated when that
+        planning must have ended: should this process die first, a sweeper sends it then."""
         with self.engine.begin() as conn:
             run = lock_run(conn, workflow_id)
             if run is None:
@@ -395,12 +420,31 @@ class Aggregator:
             events = machine.take_events()
             self.writes.for_events(machine.result, events)(conn)
             save_run(conn, workflow_id, machine.state)
-            staged = outbox.stage(conn, workflow_id, messages, utcnow())
+            now = utcnow()
+            here = [m for m in messages if plan_here and m.task == PLAN_ROUND_TASK]
+            staged = outbox.stage(conn, workflow_id, [m for m in messages if m not in here], now)
+            planning_ends = now + timedelta(seconds=self.planner_timeout_s)
+            staged_here = outbox.stage(conn, workflow_id, here, planning_ends)
         # Committed: what it calls for goes out now (or, failing that, by a sweeper).
-        outbox.sent(self.engine, self._send_staged(staged))
+        self.sent_rows.add(self._send_staged(staged))
         if self.metrics is not None:  # committed: counted once
             self.metrics.record(machine.result, events)
         self._announce(workflow_id, [e for e in events if e.sequence])
+        for item in staged_here:
+            self._plan_here(workflow_id, item, machine)
+
+    def _plan_here(
+        self, workflow_id: uuid.UUID, item: outbox.Staged, machine: WorkflowMachine
+    ) -> None:
+        """Plan a round this process staged; a planner to be tried again gets the round's
+        message sent, whose task tries again with backoff."""
+        round_no = item.message.args[1]
+        try:
+            self.plan(workflow_id, round_no, final_try=False, waiting=machine)
+        except PlannerError:  # retryable (plan() handles the rest)
+            self.sent_rows.add(self._send_staged([item]))
+            return
+        self.sent_rows.add([item.id])
 
     def _send_staged(self, staged: list[outbox.Staged]) -> list[int]:
         """Send staged messages in order until the broker fails; the ids of those sent."""

@@ -178,6 +178,12 @@ class TraceWrites:
     The embedded TraceStore runs them in a thread; the distributed aggregator runs them inside
     the transaction that holds the workflow's row lock. ``pool`` gives the snapshot of the
     workers a workflow was offered (without secrets).
+
+    ``sole_writer``: the caller holds the workflow's lock for every write and the workflow's
+    row was written at its submission (the distributed aggregator). The row is then not made
+    sure of, and the record's planner calls are written as they are rather than merged with
+    the stored ones (read first, under a lock of their own): two statements fewer at a plan,
+    three at the outcome.
     """
 
     def __init__(
@@ -187,12 +193,14 @@ class TraceWrites:
         *,
         tenant: str = "default",
         secret_env_names: Iterable[str] = (),
+        sole_writer: bool = False,
     ) -> None:
         if dialect not in {"sqlite", "postgresql"}:
             raise ValueError(f"unsupported database dialect {dialect!r}")
         self.workers = {w.name: w for w in pool.workers}
         self.tenant = tenant
         self.secret_env_names = tuple(secret_env_names)
+        self.sole_writer = sole_writer
         self._sql = _Statements(dialect)
 
     def for_events(self, result: WorkflowRecord, events: Sequence[MachineEvent]) -> Write:
@@ -219,7 +227,7 @@ class TraceWrites:
         writes.append(self._events(result, list(events), secrets))
         # The start and the outcome create a missing workflow row: every workflow starts, and
         # the outcome records everything, so a store attached late still keeps a whole trace.
-        ensure = bool(started) or any(e.kind.final for e in events)
+        ensure = not self.sole_writer and (bool(started) or any(e.kind.final for e in events))
         sql = self._sql
 
         def write(conn: Connection) -> None:
@@ -251,6 +259,9 @@ class TraceWrites:
                 conn, workflow_id, index, attempts, step_usage, totals
             )
         if isinstance(subject, PlanOutcome):
+            if self.sole_writer:  # the record holds every round's first call: the trace's
+                every = [o.model_dump(mode="json") for o in result.planner_calls]
+                return lambda conn: self._set_plans(conn, workflow_id, every)
             calls = [subject.model_dump(mode="json")]
             return lambda conn: self._merge_plans(conn, workflow_id, calls)
         if isinstance(subject, StepRecord):
@@ -316,9 +327,12 @@ class TraceWrites:
             if s.status.terminal and s.index not in skipped_steps
         ]
         finish_workflow = self._sql.finish_workflow
+        # A sole writer wrote each plan at its own event, in the change that made it.
+        merge_plans = not self.sole_writer
 
         def write(conn: Connection) -> None:
-            self._merge_plans(conn, workflow_id, calls)
+            if merge_plans:
+                self._merge_plans(conn, workflow_id, calls)
             for row, attempts in steps:
                 self._finish_step(conn, workflow_id, row, attempts)
             finished = conn.execute(finish_workflow, {"workflow": workflow_id, **_new(final)})
@@ -338,12 +352,14 @@ class TraceWrites:
         for call in calls:
             by_round.setdefault(call["round"], call)
         merged = [by_round[r] for r in sorted(by_round)]
-        if merged == current:
-            return
+        if merged != current:
+            self._set_plans(conn, workflow_id, merged)
+
+    def _set_plans(self, conn: Connection, workflow_id: uuid.UUID, calls: list[Row]) -> None:
         values = {
-            "planner_calls": merged,
-            "plan": _executed_plan(merged),
-            "plan_valid": bool(merged) and merged[0]["round"] == 0 and merged[0]["valid"],
+            "planner_calls": calls,
+            "plan": _executed_plan(calls),
+            "plan_valid": bool(calls) and calls[0]["round"] == 0 and calls[0]["valid"],
         }
         conn.execute(self._sql.set_plans, {"workflow": workflow_id, **_new(values)})
 
