@@ -6,10 +6,15 @@ a fake Conductor (its plans: N chained steps on Model 0, N named in the question
 process of their own. Requests come from one asyncio client (httpx) in this process. Targets,
 each started only for its own runs:
 
-- direct: straight to the instant provider (the floor);
-- litellm (with ``--litellm-venv``): LiteLLM's proxy, one worker, in its own virtual
+- direct: straight to the instant provider (the floor), and the burst straight to the
+  one-second provider (the bursts' floor);
+- litellm (with ``--litellm-venv``, which needs ``litellm[proxy]`` and ``httptools``, the HTTP
+  parser conductor's servers use): LiteLLM's proxy, one worker, in its own virtual
   environment, passing calls through to the same providers;
 - serve: ``conductor serve`` (embedded runtime, SQLite);
+
+Every server target is called with an API key (LiteLLM's master key, a key of conductor's
+own): an open ``conductor serve`` would skip the key's checks and spend counting.
 - distributed: ``conductor api`` with the planner, one aggregator and one gateway
   (``conductor_cli.local_stack``), Redis broker, PostgreSQL, all on this machine;
 - ttft: time to first token and to the last of streamed requests, one at a time, on a fourth
@@ -218,15 +223,20 @@ def planner_env(directory: Path, upstreams: Upstreams) -> dict[str, str]:
 
 @contextlib.contextmanager
 def serve_target(directory: Path, upstreams: Upstreams) -> Iterator[Target]:
-    env = {
-        **planner_env(directory, upstreams),
-        "CONDUCTOR_DATABASE_URL": f"sqlite:///{directory / 'conductor.db'}",
-    }
+    """``conductor serve`` with an API key, as every target runs: an open server skips the
+    key's lookup, limits and spend counting (measured: 40% of a pass-through's CPU)."""
+    database_url = f"sqlite:///{directory / 'conductor.db'}"
+    upgrade(database_url)
+    engine = make_engine(database_url)
+    secret = create_key(engine, "bench").secret
+    engine.dispose()
+    env = {**planner_env(directory, upstreams), "CONDUCTOR_DATABASE_URL": database_url}
     serve = start_api_role("serve", directory / "serve.log", env)
     try:
         url, _ = announced_addresses(serve)
         assert serve.process is not None
-        yield Target("serve", f"{url}/v1/chat/completions", [serve.process.pid])
+        headers = {"Authorization": f"Bearer {secret}"}
+        yield Target("serve", f"{url}/v1/chat/completions", [serve.process.pid], headers)
     finally:
         serve.stop()
 
@@ -611,6 +621,11 @@ def run_all(options: argparse.Namespace, upstreams: Upstreams, tmp: Path) -> lis
     if "direct" in options.only:
         direct = Target("direct", f"{upstreams.instant.base_url}/chat/completions", [])
         phases += asyncio.run(measure_target(direct, options, [("fast", fast_pass)], []))
+        # The floor of the bursts: the same calls straight to the one-second provider, from
+        # this client, in this run (the client's own time for 500 is not nothing).
+        floor = Target("direct", f"{upstreams.slow.base_url}/chat/completions", [])
+        extra = [("1 s provider", "burst", slow_pass, burst, 0.0)]
+        phases += asyncio.run(measure_target(floor, options, [], extra))
     if "litellm" in options.only and options.litellm_venv:
         with litellm_target(tmp, upstreams, options.litellm_venv) as target:
             phases += asyncio.run(
@@ -748,8 +763,14 @@ def main() -> None:
     options.only = set(options.only.split(","))
     if unknown := options.only - set(TARGETS):
         parser.error(f"unknown targets: {', '.join(sorted(unknown))}")
-    if options.litellm_venv and not (options.litellm_venv / "bin" / "litellm").exists():
-        parser.error(f"no litellm in {options.litellm_venv}: pip install 'litellm[proxy]' there")
+    if options.litellm_venv:
+        if not (options.litellm_venv / "bin" / "litellm").exists():
+            parser.error(f"no litellm in {options.litellm_venv}: pip install litellm[proxy] there")
+        python = str(options.litellm_venv / "bin" / "python")
+        if subprocess.run([python, "-c", "import httptools"], check=False).returncode:
+            # uvicorn's fast HTTP parser, which conductor's servers use: without it LiteLLM's
+            # proxy would parse HTTP in pure Python and lose for a reason not its own.
+            parser.error(f"no httptools in {options.litellm_venv}: pip install httptools there")
     options.out.mkdir(parents=True, exist_ok=True)
     print(f"{os.cpu_count()} CPUs; targets: {', '.join(t for t in TARGETS if t in options.only)}")
 

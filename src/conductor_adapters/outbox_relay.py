@@ -4,17 +4,21 @@
 in a thread of its own for a process that must not wait for the broker: ``conductor api``
 answers a submission once its workflow row and start message are committed, and the relay
 sends the message, at once while the broker answers, and while it does not, again every few
-seconds until it does. Each send claims its row first (``outbox.claim``: the row is locked,
-and an aggregator's sweeper skips it), and the row is deleted in the same transaction, so a
-message goes out twice only when a process dies between its send and that commit; a start or
-a cancel received twice changes nothing. Rows a relay never sent (its process stopped or died,
-the broker was down) are sent by every aggregator's sweeper once ``outbox.GRACE_S`` old.
+seconds until it does. A row put less than ``FRESH_S`` ago is sent as it was put, no sweeper
+being allowed to take it yet, and deleted with the process's other sent rows
+(``outbox.SentRows``). An older one is claimed first (``outbox.claim``: the row is locked, and
+an aggregator's sweeper skips it) and deleted in the same transaction. A message so goes out
+twice only when a process dies between its send and its row's delete, or when the sweeper's
+clock runs ``FRESH_S`` ahead of this one's; a start or a cancel received twice changes
+nothing. Rows a relay never sent (its process stopped or died, the broker was down) are sent by
+every aggregator's sweeper once ``outbox.GRACE_S`` old.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +42,10 @@ QUICK_PUBLISH: dict[str, Any] = {
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 5.0
 BATCH = 500  # rows claimed and sent in one transaction
+# Rows put this recently are sent without claiming them: far within the grace before a sweeper
+# may take them (the claim and the delete were a transaction per batch, most of a submission's
+# database work after its own).
+FRESH_S = outbox.GRACE_S / 2
 
 
 def send_staged(
@@ -64,7 +72,8 @@ class OutboxRelay:
     def __init__(self, engine: Engine, app: Celery, *, name: str = "outbox-relay") -> None:
         self._engine = engine
         self._app = app
-        self._pending: list[int] = []
+        self._pending: list[tuple[outbox.Staged, float]] = []  # and when it was put
+        self._sent_rows = outbox.SentRows(engine)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -73,8 +82,9 @@ class OutboxRelay:
 
     def put(self, staged: Sequence[outbox.Staged]) -> None:
         """Send these committed rows as soon as the broker takes them."""
+        now = time.monotonic()
         with self._lock:
-            self._pending.extend(item.id for item in staged)
+            self._pending.extend((item, now) for item in staged)
         self._wake.set()
 
     @property
@@ -87,6 +97,7 @@ class OutboxRelay:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout_s)
+        self._sent_rows.close()
         if self.pending:
             logger.warning("%d staged messages left for the sweepers to send", self.pending)
 
@@ -107,23 +118,32 @@ class OutboxRelay:
     def relay_once(self) -> bool:
         """Send what is pending; False when the broker or the database failed (some remain)."""
         with self._lock:
-            ids = self._pending[:BATCH]
+            batch = self._pending[:BATCH]
             more = len(self._pending) > BATCH
-        if not ids:
+        if not batch:
             return True
-        try:
-            with self._engine.begin() as conn:
-                claimed = outbox.claim(conn, ids)
-                done = send_staged(self._app, claimed, retry_policy=QUICK_PUBLISH)
-                outbox.forget(conn, done)
-                # What is still there: unsent, or being sent by a sweeper (locked).
-                left = outbox.unsent(conn, ids) if len(done) < len(ids) else set()
-        except (SQLAlchemyError, OSError) as exc:
-            logger.warning("cannot relay staged messages (%s); trying again", exc)
-            return False
-        taken = set(ids)
+        fresh_after = time.monotonic() - FRESH_S
+        fresh = [item for item, put_at in batch if put_at > fresh_after]
+        sent = send_staged(self._app, fresh, retry_policy=QUICK_PUBLISH)
+        self._sent_rows.add(sent)
+        failed = len(sent) < len(fresh)  # the broker: the older rows wait too
+        ids = [item.id for item, put_at in batch if put_at <= fresh_after]
+        left = set(ids)
+        if ids and not failed:
+            try:
+                with self._engine.begin() as conn:
+                    claimed = outbox.claim(conn, ids)
+                    done = send_staged(self._app, claimed, retry_policy=QUICK_PUBLISH)
+                    outbox.forget(conn, done)
+                    # What is still there: unsent, or being sent by a sweeper (locked).
+                    left = outbox.unsent(conn, ids) if len(done) < len(ids) else set()
+                failed = len(done) < len(claimed)
+            except (SQLAlchemyError, OSError) as exc:
+                logger.warning("cannot relay staged messages (%s); trying again", exc)
+                failed = True
+        gone = (set(ids) - left) | set(sent)
         with self._lock:
-            self._pending = [i for i in self._pending if i in left or i not in taken]
+            self._pending = [entry for entry in self._pending if entry[0].id not in gone]
         if more:
             self._wake.set()  # the next batch at once
-        return len(done) == len(claimed)
+        return not failed

@@ -81,11 +81,17 @@ class RecordingApp:
         return taken
 
 
+# Aggregators a test built: the thread deleting their sent rows stops before the database goes.
+_built: list[Aggregator] = []
+
+
 @pytest.fixture
 def engine(postgres_url: str) -> Iterator[Engine]:
     upgrade(postgres_url)
     engine = make_engine(postgres_url)
     yield engine
+    while _built:
+        _built.pop().sent_rows.close()
     engine.dispose()
 
 
@@ -94,17 +100,6 @@ def loop() -> Iterator[LoopThread]:
     thread = LoopThread("test-loop")
     yield thread
     thread.stop()
-
-
-_built: list[Aggregator] = []
-
-
-@pytest.fixture(autouse=True)
-def _stop_their_threads() -> Iterator[None]:
-    """Stops the thread that deletes each aggregator's sent rows, before its database goes."""
-    yield
-    while _built:
-        _built.pop().sent_rows.close()
 
 
 def _aggregator(

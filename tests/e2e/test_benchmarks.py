@@ -28,6 +28,7 @@ def test_the_overhead_benchmark_measures_every_embedded_path(tmp_path: Path) -> 
     for path in ("pass-through", "one-step workflow", "three-step workflow"):
         assert {(f"serve: {path}", "sequential"), (f"serve: {path}", "in-flight")} <= measured
     assert ("serve: one-step workflow, 1 s provider", "burst") in measured
+    assert ("direct: 1 s provider", "burst") in measured  # the bursts' floor
     assert all(p["failures"] == 0 for p in phases), phases
     # (CPU is read in 10 ms ticks: a few requests of one phase may show none, all together not)
     assert sum(p["server_cpu_ms_per_request"] for p in phases if p["path"].startswith("serve"))

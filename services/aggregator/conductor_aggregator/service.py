@@ -492,11 +492,11 @@ class Aggregator:
             return
         channel = events_channel(self.redis_prefix, workflow_id)
         try:
-            # One round trip for them all.
+            # One round trip; one notice for the change's events, naming the last: a reader
+            # reads every event up to it.
             notices = self.redis.pipeline(transaction=False)
-            for event in events:
-                notice = {"sequence": event.sequence, "kind": event.kind.value}
-                notices.publish(channel, json.dumps(notice))
+            last = max(events, key=lambda event: event.sequence)
+            notices.publish(channel, json.dumps({"sequence": last.sequence, "kind": last.kind}))
             if any(event.kind.final for event in events):
                 notices.publish(ended_channel(self.redis_prefix), str(workflow_id))
             notices.execute()
