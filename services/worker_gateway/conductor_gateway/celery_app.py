@@ -86,6 +86,14 @@ RECORD_REPLY = (
     "redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2]); "
     "redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4]); redis.call('DEL', KEYS[3])"
 )
+# A step's recorded answer if there is one, else its claim taken if nobody holds it: one
+# round trip, and atomic (no answer can be recorded between the look and the claim).
+CLAIM_STEP = (
+    "local answer = redis.call('GET', KEYS[1]); "
+    "if answer then return {'answered', answer} end; "
+    "if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {'claimed', ''} end; "
+    "return {'held', ''}"
+)
 CLAIM_LEASE_S = 4.0  # a dead gateway's claim lapses this long after its last renewal
 CLAIM_RENEW_S = 1.0  # also how often a process checks that Redis kept its data
 CLAIM_POLL_S = 0.25  # how often a gateway waiting on another's claim looks again
@@ -119,6 +127,7 @@ class GatewayProcess:
         # cost that showed in variants at hundreds of replies a second.
         self._push_reply = self.redis.register_script(PUSH_REPLY)
         self._record_reply = self.redis.register_script(RECORD_REPLY)
+        self._claim_step = self.redis.register_script(CLAIM_STEP)
         # Steps this process calls for (step key -> call id), and answers it recorded lately
         # (step key -> (answer, when)): written again if Redis loses them.
         self._claims: dict[str, str] = {}
@@ -255,6 +264,16 @@ class GatewayProcess:
         # A resend finding nothing may follow a Redis loss: the gateways holding the step's
         # claim or answer write them again within a renewal or two.
         grace_ends = time.monotonic() + (RESEND_GRACE_S if request.context.dispatch > 1 else 0)
+        if request.context.dispatch == 1:  # the usual case, in one round trip
+            keys = [reply_key(prefix, key), claim_key(prefix, key)]
+            found, stored = await self._claim_step(keys=keys, args=[request.call_id, lease_ms])
+            if found == b"claimed":
+                return None
+            if found == b"answered":
+                reply = CallReply.model_validate_json(stored)
+                if reply.ok:
+                    return reply
+            # An answer that failed, or a claim another holds: as for a resend, below.
         while True:
             stored = await self.redis.get(reply_key(prefix, key))
             if stored is not None:
