@@ -67,6 +67,8 @@ def test_a_responses_stream_gets_the_answer_as_the_worker_writes_it(
     done_text = None
     kinds: list[str] = []
     numbers: list[int] = []
+    summary: list[str] = []
+    output: list[Any] = []
     for event in stream:
         kinds.append(event.type)
         numbers.append(event.sequence_number)
@@ -74,8 +76,11 @@ def test_a_responses_stream_gets_the_answer_as_the_worker_writes_it(
             if writing_when_first_came is None:
                 writing_when_first_came = teller.calls[-1].finished == 0.0
             deltas.append(event.delta)
+        elif event.type == "response.reasoning_summary_text.done":
+            summary.append(event.text)
         elif event.type == "response.completed":
             done_text = event.response.output_text
+            output = event.response.output
 
     assert "".join(deltas) == TOLD
     assert done_text == TOLD
@@ -83,6 +88,13 @@ def test_a_responses_stream_gets_the_answer_as_the_worker_writes_it(
     assert numbers == list(range(len(numbers)))
     assert kinds[0] == "response.created"
     assert writing_when_first_came is True
+    # the workflow's plan first, as a reasoning item closed before the answer's text began
+    assert summary == ["Plan (round 1): 1. teller: Solve it."]
+    reasoning_done = kinds.index("response.output_item.done")
+    assert kinds.index("response.reasoning_summary_text.done") < reasoning_done
+    assert reasoning_done < kinds.index("response.output_text.delta")
+    assert [item.type for item in output] == ["reasoning", "message"]
+    assert [part.text for part in output[0].summary] == summary
 
 
 def test_a_whole_answer_is_not_streamed(api: Api, request: pytest.FixtureRequest) -> None:

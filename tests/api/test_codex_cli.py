@@ -98,3 +98,7 @@ def test_codex_completes_a_tool_calling_turn(
     assert len(worker.calls) - calls_before == 2
     seen = "\n".join(m.content for m in worker.calls[-1].messages)
     assert "Process exited with code 127" in seen  # the example command is "Paris"
+    # a workflow's progress is a reasoning item, which Codex shows in its log (each turn's)
+    # and sends back with its history; a worker called directly has none
+    plan = "Plan (round 1): 1. alpha: Solve it. 2. beta: Check it."
+    assert done.stderr.count(plan) == (2 if model.startswith("conductor") else 0), done.stderr

@@ -385,11 +385,22 @@ def test_codex_runs_a_tool_calling_turn_on_a_variant(api: Api) -> None:
     # a value over a label's 512 characters would be cut to them; this one fits
     assert labels["x-codex-turn-metadata"] == first["client_metadata"]["x-codex-turn-metadata"]
 
-    # When Codex runs the command and sends the whole conversation again with its output
-    events = _events(_post(api, "/v1/responses", next_turn(first, call, "README.md\nsrc\n")))
+    # the workflow's progress comes first, as a reasoning item without encrypted content
+    [reasoning] = [item for item in completed["response"]["output"] if item["type"] == "reasoning"]
+    assert completed["response"]["output"][0] == reasoning
+    assert reasoning["encrypted_content"] is None
+
+    # When Codex runs the command and sends the whole conversation again with its output, and
+    # the reasoning item before the call, as it keeps every item of its history
+    second = next_turn(first, call, "README.md\nsrc\n")
+    second["input"].insert(-2, reasoning)
+    events = _events(_post(api, "/v1/responses", second))
 
     # Then a new workflow answers with the output it saw in the conversation
     completed = events[-1]
     assert completed["type"] == "response.completed", events
-    text = [part["text"] for item in completed["response"]["output"] for part in item["content"]]
-    assert text == ["beta read the tool's result: README.md"]
+    output = completed["response"]["output"]
+    assert [item["type"] for item in output] == ["reasoning", "message"]
+    assert [part["text"] for part in output[1]["content"]] == [
+        "beta read the tool's result: README.md"
+    ]

@@ -37,6 +37,23 @@ EVENT_ORDER = [
     "response.output_item.done",
     "response.completed",
 ]
+# One part of a reasoning item's summary: a workflow's progress fact.
+SUMMARY_PART = [
+    "response.reasoning_summary_part.added",
+    "response.reasoning_summary_text.delta",
+    "response.reasoning_summary_text.done",
+    "response.reasoning_summary_part.done",
+]
+# A workflow's: its progress as a reasoning item (output 0), then the answer's message.
+WORKFLOW_EVENT_ORDER = [
+    *EVENT_ORDER[:2],
+    "response.output_item.added",
+    *SUMMARY_PART,
+    "response.output_item.done",
+    *EVENT_ORDER[2:],
+]
+# The Conductor's plan (TwoStepBackend) and the end of the step before the answering one.
+PROGRESS = ["Plan (round 1): 1. alpha: Solve it. 2. beta: Check it.", "Step 1 (alpha) done."]
 
 
 @pytest.fixture
@@ -70,8 +87,26 @@ def _post(api: Api, path: str, body: dict[str, Any], key: str | None = None) -> 
 
 
 def _deduplicated(kinds: list[str]) -> list[str]:
-    """The event types in order, each run of deltas as one."""
-    return [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1]]
+    """The event types in order, each run of deltas as one, and each run of a reasoning
+    item's summary parts as one part."""
+    parts: list[str] = []
+    for kind in kinds:
+        if kind == SUMMARY_PART[0] and parts[-len(SUMMARY_PART) :] == SUMMARY_PART:
+            del parts[-len(SUMMARY_PART) :]  # the part before it: one stands for the run
+        parts.append(kind)
+    return [k for i, k in enumerate(parts) if i == 0 or k != parts[i - 1]]
+
+
+def _items(output: list[Any]) -> list[dict[str, Any]]:
+    """Output items as JSON, to compare (a parsed response's text parts have ``parsed``)."""
+    return [item.model_dump(exclude_none=True) for item in output]
+
+
+def _summary(item: Any) -> list[str]:
+    """A reasoning item's summary texts (an SDK object or its JSON)."""
+    if isinstance(item, dict):
+        return [part["text"] for part in item["summary"]]
+    return [part.text for part in item.summary]
 
 
 # -- responses.create ----------------------------------------------------------------------------
@@ -83,7 +118,7 @@ def test_a_response_is_a_workflow_with_its_usage_and_steps(api: Api, client: ope
     assert response.output_text == ANSWER
     assert response.status == "completed"
     assert response.object == "response"
-    assert [item.type for item in response.output] == ["message"]
+    assert [item.type for item in response.output] == ["reasoning", "message"]
     extra = response.model_extra["conductor"]
     assert response.id == f"resp_{extra['workflow_id'].replace('-', '')}"
     assert [s["worker"] for s in extra["steps"]] == ["alpha", "beta"]
@@ -154,7 +189,7 @@ def test_a_stream_sends_the_response_events_in_order_with_the_same_answer(
     events = list(client.responses.create(model="conductor-ultra", input=QUESTION, stream=True))
 
     kinds = [e.type for e in events]
-    assert _deduplicated(kinds) == EVENT_ORDER
+    assert _deduplicated(kinds) == WORKFLOW_EVENT_ORDER
     assert [e.sequence_number for e in events] == list(range(len(events)))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert text == plain.output_text == ANSWER
@@ -174,16 +209,112 @@ def test_the_stream_helper_accumulates_the_final_response(client: openai.OpenAI)
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
 
-    assert _deduplicated(kinds) == EVENT_ORDER
+    assert _deduplicated(kinds) == WORKFLOW_EVENT_ORDER
     assert final.output_text == ANSWER
     assert final.status == "completed"
 
 
 def test_a_pass_through_streams_too(client: openai.OpenAI) -> None:
     events = list(client.responses.create(model="alpha", input="Hi", stream=True))
+    plain = client.responses.create(model="alpha", input="Hi")
 
+    # one worker's call: its answer, and no reasoning item (there is no workflow to tell of)
     assert _deduplicated([e.type for e in events]) == EVENT_ORDER
     assert events[-1].response.output_text == "alpha answers 1 message(s)"
+    assert [item.type for item in events[-1].response.output] == ["message"]  # type: ignore[union-attr]
+    assert [item.type for item in plain.output] == ["message"]
+    assert [item.type for item in client.responses.retrieve(plain.id).output] == ["message"]
+
+
+# -- a workflow's progress as a reasoning item ---------------------------------------------------
+
+
+def test_a_workflows_response_starts_with_its_progress_as_a_reasoning_item(
+    api: Api, client: openai.OpenAI
+) -> None:
+    response = client.responses.create(model="conductor-ultra", input=QUESTION)
+    retrieved = client.responses.retrieve(response.id)
+
+    reasoning, message = response.output
+    assert reasoning.type == "reasoning"
+    assert reasoning.id == f"rs_{response.id.removeprefix('resp_')}"
+    assert _summary(reasoning) == PROGRESS
+    assert [part.type for part in reasoning.summary] == ["summary_text"] * len(PROGRESS)
+    assert (reasoning.status, reasoning.encrypted_content, reasoning.content) == (
+        "completed",
+        None,
+        None,
+    )
+    assert message.type == "message"
+    assert response.output_text == ANSWER  # the message's text alone
+    # no answer text and no step's output in the summary
+    outputs = [s["output"] for s in response.model_extra["conductor"]["steps"]]
+    assert not [t for t in _summary(reasoning) for o in [ANSWER, *outputs] if o and o in t]
+    # read back: the same items
+    assert _items(retrieved.output) == _items(response.output)
+
+
+def test_a_streamed_workflow_tells_its_progress_before_its_answer(
+    api: Api, client: openai.OpenAI
+) -> None:
+    with client.responses.stream(model="conductor-ultra", input=QUESTION) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    raw = _raw_events(api, {"model": "conductor-ultra", "input": QUESTION})
+
+    # every event is one the SDK knows, numbered from 0 without a gap
+    stream_event: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+    assert [stream_event.validate_python(e).type for e in raw] == [e["type"] for e in raw]
+    for numbers in ([e.sequence_number for e in events], [e["sequence_number"] for e in raw]):
+        assert numbers == list(range(len(numbers)))
+    # the reasoning item first, at output 0, closed before the answer's first text
+    kinds = [e.type for e in events]
+    added = [e for e in events if e.type == "response.output_item.added"]
+    assert [(e.output_index, e.item.type) for e in added] == [(0, "reasoning"), (1, "message")]
+    reasoning_done = next(i for i, e in enumerate(events) if e.type == "response.output_item.done")
+    assert events[reasoning_done].item.type == "reasoning"  # type: ignore[union-attr]
+    assert reasoning_done < kinds.index("response.output_text.delta")
+    told = [e.text for e in events if e.type == "response.reasoning_summary_text.done"]
+    deltas = [e.delta for e in events if e.type == "response.reasoning_summary_text.delta"]
+    assert told == deltas == PROGRESS
+    assert all(ANSWER not in text for text in told)
+    summary_events = [e for e in events if e.type.startswith("response.reasoning_summary")]
+    assert {(e.output_index, e.item_id) for e in summary_events} == {(0, added[0].item.id)}  # type: ignore[union-attr]
+    # the final response lists the items as streamed; the stored one reads back the same
+    assert [i.type for i in final.output] == ["reasoning", "message"]
+    assert _summary(final.output[0]) == PROGRESS
+    assert final.output_text == ANSWER
+    done = [e.item for e in events if e.type == "response.output_item.done"]
+    assert _items(done) == _items(final.output)
+    assert _items(client.responses.retrieve(final.id).output) == _items(final.output)
+    assert raw[-1]["response"]["output"][0]["summary"] == [
+        {"type": "summary_text", "text": text} for text in PROGRESS
+    ]
+
+
+def test_a_second_turn_may_send_the_first_responses_output_back(
+    api: Api, client: openai.OpenAI
+) -> None:
+    """As the Agents SDK and Codex CLI do: the reasoning item is accepted and ignored."""
+    first = client.responses.create(model="conductor-ultra", input=QUESTION)
+    sent_back: list[Any] = [
+        {"role": "user", "content": QUESTION},
+        *(item.model_dump(exclude_none=True) for item in first.output),
+        {"role": "user", "content": "And doubled?"},
+    ]
+    assert sent_back[1]["type"] == "reasoning"
+
+    second = client.responses.create(model="conductor-ultra", input=sent_back)
+    streamed = list(client.responses.create(model="alpha", input=sent_back, stream=True))
+    items = client.responses.input_items.list(second.id, order="asc")
+
+    assert second.output_text == ANSWER
+    assert _question(api, second) == (
+        f"Conversation so far:\nUser: {QUESTION}\nAssistant: {ANSWER}\n\nRequest:\nAnd doubled?"
+    )
+    assert [item.type for item in items.data] == ["message"] * 3
+    # a worker called directly gets the conversation without it
+    assert streamed[-1].response.output_text == "alpha answers 3 message(s)"  # type: ignore[union-attr]
 
 
 def test_the_async_client_creates_and_streams(api: Api) -> None:
@@ -236,13 +367,14 @@ def test_every_event_and_object_validates_against_the_sdk_types(api: Api, model:
         created = _post(api, "/v1/responses", {"model": model, "input": QUESTION}).json()
         items = http.get(f"/v1/responses/{response_id}/input_items", params={"order": "asc"})
 
-    assert _deduplicated([event.type for event in parsed]) == EVENT_ORDER
+    order = EVENT_ORDER if model == "alpha" else WORKFLOW_EVENT_ORDER
+    assert _deduplicated([event.type for event in parsed]) == order
     for body in (retrieved, created, events[0]["response"], events[-1]["response"]):
         Response.model_validate(body)
     roles = [TypeAdapter(ResponseItem).validate_python(i).role for i in items.json()["data"]]  # type: ignore[union-attr]
     assert roles == ["user", "assistant", "user"]
     item_ids = {event["item_id"] for event in events if "item_id" in event}
-    assert item_ids == {events[-1]["response"]["output"][0]["id"]}
+    assert item_ids == {item["id"] for item in events[-1]["response"]["output"]}
 
 
 def test_a_failed_stream_validates_against_the_sdk_types(api: Api) -> None:
@@ -312,7 +444,8 @@ def test_a_running_response_reads_as_running_and_its_client_going_away_cancels_i
 
     assert created.type == "response.created"
     assert running.status == "in_progress"
-    assert running.output == []
+    # no answer yet; its progress so far, once its plan is stored
+    assert [(i.type, i.status) for i in running.output] in ([], [("reasoning", "in_progress")])  # type: ignore[union-attr]
     assert too_early.value.body["param"] == "previous_response_id"  # type: ignore[index]
     assert _until_status(api, workflow_id, "cancelled") == "cancelled"
     assert client.responses.retrieve(response_id).status == "cancelled"
@@ -483,7 +616,9 @@ FILE = {"type": "input_file", "file_id": "file-1"}
             {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}, FILE]}]},
             "input.0.content.1",
         ),
-        ({"input": [{"type": "reasoning", "summary": []}]}, "input.0.type"),
+        # a reasoning item is ignored: what is left has no user message
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
+        ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input.0.type"),
         ({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}, "input.0"),
         (
             {"input": [*QUESTION_ITEMS, {"type": "function_call_output", "output": "x"}]},
@@ -553,18 +688,22 @@ def test_a_failed_workflow_is_a_502_not_to_retry_and_a_failed_stream(api: Api) -
         assert error.status_code == 502
         assert error.response.headers["x-should-retry"] == "false"
         assert "10.20.30.40" not in error.message
-    assert [e.type for e in events] == [
-        "response.created",
-        "response.in_progress",
+    # its progress (the plan, the step that failed), then the failure
+    assert _deduplicated([e.type for e in events]) == [
+        *WORKFLOW_EVENT_ORDER[:8],
         "response.failed",
     ]
     last = events[-1].response
     assert last.status == "failed"
     assert last.error is not None
     assert "failed" in last.error.message
-    # stored as failed: it reads back so
+    [plan, step] = _summary(last.output[0])
+    assert plan == "Plan (round 1): 1. delta: Solve it."
+    assert step.startswith("Step 1 (delta) failed: ")
+    assert "10.20.30.40" not in step
+    # stored as failed: it reads back so, with its progress and no answer
     assert retrieved.status == "failed"
-    assert retrieved.output == []
+    assert _items(retrieved.output) == _items(last.output)
 
 
 # -- /v1/completions -----------------------------------------------------------------------------

@@ -92,18 +92,38 @@ async def workflow_progress(
     first: Iterable[str],
 ) -> AsyncGenerator[str, None]:
     """A workflow's stream until it finishes: ``first``, then keepalives and its progress as
-    SSE comments (OpenAI clients skip them, curl shows them). Raises a 504 ApiError past
-    ``timeout_s`` (the workflow runs on). Closed before the workflow finishes (the client went
-    away, so the server closes the stream) or broken, it cancels the workflow: its answer has
-    nobody else to go to. Close it explicitly (``contextlib.aclosing``) so that the cancel
-    does not wait for garbage collection. Then ``service.ended`` reads the outcome."""
+    SSE comments (OpenAI clients skip them, curl shows them); ``workflow_events`` otherwise."""
+    events = workflow_events(service, workflow_id, tenant, timeout_s, first)
+    async with contextlib.aclosing(events) as items:
+        async for item in items:
+            yield item if isinstance(item, str) else progress_comment(item)
+
+
+def progress_comment(event: EventView) -> str:
+    """A workflow's event as an SSE comment: ``: plan 1``."""
+    return f": {event.kind} {event.sequence}\n\n"
+
+
+async def workflow_events(
+    service: WorkflowService,
+    workflow_id: uuid.UUID,
+    tenant: str,
+    timeout_s: float,
+    first: Iterable[str],
+) -> AsyncGenerator[str | EventView, None]:
+    """A workflow's stream until it finishes: ``first``, then keepalives and its stored
+    events, for the stream to render. Raises a 504 ApiError past ``timeout_s`` (the workflow
+    runs on). Closed before the workflow finishes (the client went away, so the server closes
+    the stream) or broken, it cancels the workflow: its answer has nobody else to go to. Close
+    it explicitly (``contextlib.aclosing``) so that the cancel does not wait for garbage
+    collection. Then ``service.ended`` reads the outcome."""
     finished = False
     try:
         for line in first:
             yield line
         async with asyncio.timeout(timeout_s):
             async for event in with_keepalive(service.follow(workflow_id, tenant)):
-                yield KEEPALIVE if event is None else f": {event.kind} {event.sequence}\n\n"
+                yield KEEPALIVE if event is None else event
         finished = True
     except TimeoutError:
         finished = True

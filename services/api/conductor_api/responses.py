@@ -2,9 +2,10 @@
 
 The model is a variant (a workflow the Conductor writes) or one worker's name (a plain
 pass-through call), exactly as in chat completions. A workflow's response has the workflow's
-id (``resp_<hex>``), its answer as the one output message, the workflow's usage, and the extra
-``conductor`` field with the workflow and its steps. The input (a string or message items),
-the ``instructions`` and, with ``previous_response_id``, the earlier response's input and
+id (``resp_<hex>``), a reasoning item that summarises its progress (its plans and how its steps
+ended, streamed as they happen), its answer as the output message, the workflow's usage, and
+the extra ``conductor`` field with the workflow and its steps. The input (a string or message
+items), the ``instructions`` and, with ``previous_response_id``, the earlier response's input and
 output become the question the Conductor gets, rendered as chat completions render a
 conversation.
 
@@ -44,8 +45,9 @@ from conductor_api.answers import (
     AnswerText,
     completed_workflow,
     disconnected,
+    progress_comment,
     with_answer_text,
-    workflow_progress,
+    workflow_events,
 )
 from conductor_api.auth import CallerDep, ServiceDep
 from conductor_api.direct_calls import DirectCall
@@ -61,6 +63,7 @@ from conductor_api.openai_shared import (
     workflow_answer_format,
     workflow_failed,
 )
+from conductor_api.progress_summary import ProgressFacts
 from conductor_api.responses_events import ResponseEvents
 from conductor_api.responses_objects import (
     passthrough_object,
@@ -85,7 +88,7 @@ from conductor_api.responses_schemas import (
 )
 from conductor_api.responses_store import continued, stored_response
 from conductor_api.rules import CHAT_FIELDS, Caller
-from conductor_api.schemas import EVENT_STREAM, ChatMessageIn
+from conductor_api.schemas import EVENT_STREAM, ChatMessageIn, EventView
 from conductor_api.service import WorkflowService
 from conductor_api.sse import STREAM_HEADERS
 from conductor_api.tools import tool_use
@@ -141,41 +144,71 @@ async def _workflow_stream(
 ) -> AsyncIterator[str]:
     assert stored.workflow_id is not None
     workflow_id, tenant = stored.workflow_id, stored.tenant
-    events = ResponseEvents()
+    events = ResponseEvents(stored)
     start = {"workflow_id": str(workflow_id), "variant": stored.model, "status": "running"}
     snapshot = response_object(stored, status="in_progress", text=None, usage=None, conductor=start)
     opening = events.started(snapshot)
-    progress = workflow_progress(service, workflow_id, tenant, timeout_s, opening)
+    progress = workflow_events(service, workflow_id, tenant, timeout_s, opening)
     source = service.runtime.answer_pieces
     merged = with_answer_text(source, workflow_id, progress, len(opening))
+    rendered = _WorkflowLines(events)
     try:
-        async with contextlib.aclosing(merged) as lines:
-            async for line in lines:
-                if isinstance(line, AnswerText):
-                    for event in events.text_delta(stored, line.text):
-                        yield event
-                else:
+        async with contextlib.aclosing(merged) as items:
+            async for item in items:
+                for line in rendered.lines(item):
                     yield line
+        for line in rendered.text():  # its step's start was not told: the workflow has ended
+            yield line
     except ApiError as timed_out:
-        yield events.failed(snapshot, "failed", timed_out.message)
+        for event in events.failed(snapshot, "failed", timed_out.message):
+            yield event
         return
     view = await service.ended(workflow_id, tenant)
     if view is None:
-        yield events.failed(snapshot, "failed", f"workflow {workflow_id} not found")
+        for event in events.failed(snapshot, "failed", f"workflow {workflow_id} not found"):
+            yield event
         return
     final = workflow_object(stored, view)
     if view.status != "completed":
-        yield events.failed(final, final["status"], workflow_failed(view).message)
+        for event in events.failed(final, final["status"], workflow_failed(view).message):
+            yield event
         return
     calls = [call.model_dump() for call in view.tool_calls]
-    for line in events.answered(stored, view.answer or "", final, calls):
+    for line in events.answered(view.answer or "", final, calls):
         yield line
+
+
+class _WorkflowLines:
+    """A workflow's stream as Responses events: a stored event as an SSE comment and its facts
+    as the reasoning item's summary parts; the answer's text as deltas. The text is held until
+    the event of its step's start has been read (the embedded runtime stores progress behind
+    the run), so the reasoning item tells everything that came before the answer began."""
+
+    def __init__(self, events: ResponseEvents) -> None:
+        self.events = events
+        self.facts = ProgressFacts()
+        self.held: list[str] = []
+
+    def lines(self, item: str | EventView | AnswerText) -> list[str]:
+        if isinstance(item, AnswerText):
+            self.held.append(item.text)
+            return self.text() if self.facts.answer_begun else []
+        if isinstance(item, EventView):
+            lines = [progress_comment(item), *self.events.progress(self.facts.event(item))]
+            return lines + self.text() if self.facts.answer_begun else lines
+        return [item]
+
+    def text(self) -> list[str]:
+        """The text held, as deltas (the reasoning item's end and the message's start first)."""
+        lines = [line for text in self.held for line in self.events.text_delta(text)]
+        self.held = []
+        return lines
 
 
 async def _passthrough_stream(
     service: WorkflowService, stored: StoredResponse, call: DirectCall
 ) -> AsyncIterator[str]:
-    events = ResponseEvents()
+    events = ResponseEvents(stored)
     snapshot = response_object(
         stored, status="in_progress", text=None, usage=None, conductor={"worker": stored.model}
     )
@@ -184,16 +217,17 @@ async def _passthrough_stream(
     try:
         async for piece in call.stream():
             if isinstance(piece, str):
-                for line in events.text_delta(stored, piece):
+                for line in events.text_delta(piece):
                     yield line
             else:
                 result = piece
     except ApiError as error:
-        yield events.failed(snapshot, "failed", error.message)
+        for line in events.failed(snapshot, "failed", error.message):
+            yield line
         return
     stored = await _keep_passthrough(service, stored, result)
     calls = [call.model_dump() for call in result.tool_calls]
-    for line in events.answered(stored, result.text, passthrough_object(stored), calls):
+    for line in events.answered(result.text, passthrough_object(stored), calls):
         yield line
 
 

@@ -1,5 +1,7 @@
 """The ``response`` object of the Responses API, as the routes and the streamed events send it:
-the fields of ``openai.types.responses.Response``, with the extra ``conductor`` field."""
+the fields of ``openai.types.responses.Response``, with the extra ``conductor`` field. A
+workflow's output starts with a reasoning item that summarises its progress (its plans and
+steps, ``progress_summary``), then its answer: a message, or function calls."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 from conductor.chat import Usage
 from conductor_adapters.store.responses import StoredResponse
 from conductor_api.openai_shared import conductor_field, openai_usage, workflow_failed
+from conductor_api.progress_summary import workflow_facts
 from conductor_api.schemas import UsageView, WorkflowView
 from conductor_api.tools import namespaces_of, split_namespaced
 
@@ -73,6 +76,27 @@ def output_item(stored: StoredResponse, text: str, status: str) -> dict[str, Any
     }
 
 
+def reasoning_item_id(stored: StoredResponse) -> str:
+    return f"rs_{stored.id.hex}"
+
+
+def reasoning_item(stored: StoredResponse, summary: list[str], status: str) -> dict[str, Any]:
+    """A workflow's progress as a reasoning item (``progress_summary``): one ``summary_text``
+    part per fact; no reasoning text and no encrypted content (there is nothing to carry to
+    a later turn: a reasoning item sent back as input is ignored)."""
+    return {
+        "id": reasoning_item_id(stored),
+        "type": "reasoning",
+        "summary": [summary_part(text) for text in summary],
+        "encrypted_content": None,
+        "status": status,
+    }
+
+
+def summary_part(text: str) -> dict[str, Any]:
+    return {"type": "summary_text", "text": text}
+
+
 def function_call_item(
     stored: StoredResponse, index: int, call: dict[str, Any], status: str
 ) -> dict[str, Any]:
@@ -117,10 +141,16 @@ def response_object(
     completed_at: datetime | None = None,
     tool_calls: list[dict[str, Any]] | None = None,
     incomplete: str | None = None,
+    reasoning: list[str] | None = None,
 ) -> dict[str, Any]:
     """The response as it stands. The settings Conductor takes but does not act on are echoed
-    as sent; those it refuses have their one accepted value."""
+    as sent; those it refuses have their one accepted value. A workflow's progress so far
+    (``reasoning``: its facts) comes first, as a reasoning item, once there is any."""
     settings = stored.settings
+    output = [] if text is None else output_items(stored, text, tool_calls or [])
+    if reasoning:
+        done = status in ("completed", "failed", "cancelled", "incomplete")
+        output.insert(0, reasoning_item(stored, reasoning, "completed" if done else "in_progress"))
     return {
         "id": response_id(stored.id),
         "object": "response",
@@ -128,7 +158,7 @@ def response_object(
         "completed_at": int(completed_at.timestamp()) if completed_at else None,
         "status": status,
         "model": stored.model,
-        "output": [] if text is None else output_items(stored, text, tool_calls or []),
+        "output": output,
         "usage": usage,
         "error": None if error is None else {"code": "server_error", "message": error},
         "incomplete_details": None if incomplete is None else {"reason": incomplete},
@@ -164,7 +194,8 @@ def _text_format(text: Any) -> dict[str, Any]:
 
 
 def workflow_object(stored: StoredResponse, view: WorkflowView) -> dict[str, Any]:
-    """A workflow's response: its answer once completed, the reason once failed or cancelled."""
+    """A workflow's response: its progress (a reasoning item) and, once completed, its answer;
+    the reason once failed or cancelled."""
     completed = view.status == "completed"
     return response_object(
         stored,
@@ -175,6 +206,7 @@ def workflow_object(stored: StoredResponse, view: WorkflowView) -> dict[str, Any
         error=workflow_failed(view).message if view.status in ("failed", "cancelled") else None,
         completed_at=view.finished_at if completed else None,
         tool_calls=[call.model_dump() for call in view.tool_calls],
+        reasoning=workflow_facts(view),
     )
 
 

@@ -32,7 +32,8 @@ ROLES = ("user", "system", "developer", "assistant")
 Role = Literal["user", "system", "developer", "assistant", "tool"]
 TEXT_PARTS = ("input_text", "output_text")
 # What may be asked for with include: Codex CLI asks for its reasoning items' encrypted content
-# with every request, and a workflow returns no reasoning items, so there is nothing to add.
+# with every request. A workflow's reasoning item is a summary of its progress with nothing
+# encrypted to carry to a later turn (its encrypted_content stays null), so nothing is added.
 INCLUDABLE = ("reasoning.encrypted_content",)
 REASONING = {
     "effort": (None, "none", "minimal", "low", "medium", "high", "xhigh"),
@@ -72,8 +73,9 @@ def check_supported(body: ResponseCreateRequest) -> None:
         if value not in INCLUDABLE:
             raise unsupported(
                 "include",
-                f"{value!r} cannot be included: a response holds its text and usage only; "
-                'send [] or ["reasoning.encrypted_content"] (there are no reasoning items)',
+                f"{value!r} cannot be included: a response holds its text, its usage and "
+                "a summary of its workflow's progress only; send [] or "
+                '["reasoning.encrypted_content"] (the summary has no encrypted content)',
             )
     check_text(body.text)
     check_reasoning(body.reasoning)
@@ -81,8 +83,8 @@ def check_supported(body: ResponseCreateRequest) -> None:
 
 def check_reasoning(reasoning: Any) -> None:
     """Reasoning settings are accepted and have no effect (each worker runs with the pool
-    file's settings, and no reasoning items or summaries are returned); what they hold must
-    still be reasoning settings."""
+    file's settings; a workflow's response summarises its progress in a reasoning item
+    whatever they say); what they hold must still be reasoning settings."""
     if reasoning is None:
         return
     if not isinstance(reasoning, dict):
@@ -152,13 +154,17 @@ def _part_text(part: Any, param: str) -> str:
     raise invalid(f"{param}.type", 'expected "input_text" or "output_text"')
 
 
-def _item(item: Any, index: int) -> dict[str, Any]:
+def _item(item: Any, index: int) -> dict[str, Any] | None:
     """One input item as stored: a message with an id and text parts, a function call, or a
-    function call's output."""
+    function call's output; None for a reasoning item, which is not kept."""
     param = f"input.{index}"
     if not isinstance(item, dict):
         raise invalid(param, "expected an input item object")
     kind = item.get("type", "message")
+    if kind == "reasoning":
+        # An earlier response's output sent back as it came (the Agents SDK and Codex CLI do):
+        # a workflow's progress, or another model's reasoning, which no worker here could read.
+        return None
     if kind == "item_reference":
         raise unsupported(
             param, "item references are not supported; send the message or previous_response_id"
@@ -171,7 +177,7 @@ def _item(item: Any, index: int) -> dict[str, Any]:
         raise unsupported(
             f"{param}.type",
             f"{kind!r} items are not supported: messages, function calls and their outputs "
-            "only (no reasoning items or built-in tools)",
+            "(reasoning items are accepted and ignored; no built-in tools)",
         )
     return _message(item, param)
 
@@ -264,14 +270,16 @@ def first_image(items: list[dict[str, Any]]) -> str | None:
 
 
 def input_items(raw: Any) -> list[dict[str, Any]]:
-    """The request's input as stored messages; a 400 naming the item and part at fault."""
+    """The request's input as stored messages (reasoning items left out); a 400 naming the
+    item and part at fault."""
     if isinstance(raw, str):
         return [_message({"role": "user", "content": raw}, "input.0")]
     if not isinstance(raw, list) or not raw:
         raise invalid("input", "expected a string or a non-empty list of input items")
     if len(raw) > MAX_MESSAGES:
         raise invalid("input", f"at most {MAX_MESSAGES} items, not {len(raw)}")
-    return [_item(item, i) for i, item in enumerate(raw)]
+    items = [_item(item, i) for i, item in enumerate(raw)]
+    return [item for item in items if item is not None]
 
 
 def turns(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -80,9 +80,12 @@ class ResponseStreamOptions(BaseModel):
     include_obfuscation: bool | None = Field(
         default=None, description="Accepted; events are never padded."
     )
-    # Codex sends it to OpenAI's own endpoint; no reasoning summaries are streamed here.
+    # Codex sends it to OpenAI's own endpoint; a workflow's progress summary streams as it
+    # comes whatever it says.
     reasoning_summary_delivery: ClientStr | None = Field(
-        default=None, max_length=64, description="Accepted; no reasoning summaries are sent."
+        default=None,
+        max_length=64,
+        description="Accepted, no effect: a workflow's reasoning summary streams as it comes.",
     )
 
 
@@ -151,8 +154,8 @@ class ResponseCreateRequest(BaseModel):
     truncation: Any = Field(default=None, description='Only "disabled".')
     include: list[Any] | None = Field(
         default=None,
-        description='[] or ["reasoning.encrypted_content"] (accepted; no reasoning items are '
-        "returned).",
+        description='[] or ["reasoning.encrypted_content"] (accepted; a reasoning item holds '
+        "no encrypted content).",
     )
     text: Any = Field(
         default=None,
@@ -162,7 +165,8 @@ class ResponseCreateRequest(BaseModel):
     reasoning: Any = Field(
         default=None,
         description="effort and summary: accepted, no effect (each worker runs with the pool "
-        "file's settings; no reasoning items or summaries are returned).",
+        "file's settings; a workflow's progress is summarised in a reasoning item whatever "
+        "they say).",
     )
     background: Any = Field(default=None, description="Only false.")
     service_tier: Any = Field(default=None, description='Only "auto" or "default".')
@@ -205,6 +209,23 @@ class ResponseFunctionCallItem(BaseModel):
     status: Literal["in_progress", "completed"]
 
 
+class ResponseSummaryText(BaseModel):
+    type: Literal["summary_text"] = "summary_text"
+    text: str
+
+
+class ResponseReasoningItem(BaseModel):
+    """A workflow's progress: a summary part per plan and per step that ended (not the
+    answer's), never what a step wrote. First in a workflow's output; sent back as input, it
+    is ignored."""
+
+    id: str
+    type: Literal["reasoning"] = "reasoning"
+    summary: list[ResponseSummaryText]
+    encrypted_content: None = None
+    status: Literal["in_progress", "completed"]
+
+
 class IncompleteDetails(BaseModel):
     reason: Literal["max_output_tokens"]
 
@@ -241,7 +262,7 @@ class ResponseObject(BaseModel):
     completed_at: int | None = None
     status: Literal["queued", "in_progress", "completed", "failed", "cancelled", "incomplete"]
     model: str
-    output: list[ResponseOutputMessageItem | ResponseFunctionCallItem]
+    output: list[ResponseReasoningItem | ResponseOutputMessageItem | ResponseFunctionCallItem]
     usage: ResponseUsage | None
     error: ResponseErrorDetail | None
     incomplete_details: IncompleteDetails | None = None
