@@ -568,6 +568,10 @@ def run_ttft(options: argparse.Namespace, upstreams: Upstreams, tmp: Path) -> li
         ("three-step workflow", workflow_body(3, "streamer")),
     ]
     asyncio.run(direct_and_planner())
+    # Servers of their own: a serve started on the run's directory again read the first one's
+    # address from the log it appends to, and was never reached.
+    tmp = tmp / "ttft"
+    tmp.mkdir(exist_ok=True)
     with serve_target(tmp, upstreams) as target:
         asyncio.run(measure_paths(target, paths))
     with distributed_target(tmp, upstreams, options.postgres, options.redis) as target:
