@@ -65,6 +65,8 @@ def test_the_grpo_step_benchmark_times_each_part_of_a_step(tmp_path: Path) -> No
     model = write_tiny_model(tmp_path / "tiny-model")
     command = [sys.executable, str(ROOT / "benchmarks" / "grpo_step.py")]
     command += ["--questions", "1", "--samples", "2", "--new-tokens", "16", "--steps", "1"]
+    # Tiny numbers like the rest: the default 40 warm-up steps took 4-5 min on 2 busy cores.
+    command += ["--format-warmup", "2"]
     command += ["--base-model", str(model), "--out", str(tmp_path / "run")]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
