@@ -36,10 +36,11 @@ def test_the_overhead_benchmark_measures_every_embedded_path(tmp_path: Path) -> 
 
 
 @pytest.mark.postgres
-def test_the_aggregator_benchmark_runs_workflows_to_their_end() -> None:
-    # When the aggregator's own benchmark runs a few workflows of each length
+def test_the_aggregator_benchmark_runs_workflows_to_their_end(postgres_url: str) -> None:
+    # When the aggregator's own benchmark runs a few workflows of each length, on the tests'
+    # PostgreSQL server (the local one, or the one the tests started)
     command = [sys.executable, str(ROOT / "benchmarks" / "aggregator_messages.py")]
-    command += ["--workflows", "3"]
+    command += ["--workflows", "3", "--postgres", postgres_url]
     done = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False)
     # Then it printed both rows (it fails when a workflow did not complete)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
