@@ -233,6 +233,14 @@ def test_job_events_without_stream_answer_have_no_deltas(api: Api) -> None:
     assert teller.streams == streams  # its step was called whole
 
 
+def _submit_streamed(stub: Any, metadata: list[tuple[str, str]]) -> Any:
+    """A job on teller over gRPC whose answer is streamed on its events."""
+    request = workflows_pb2.SubmitRequest(
+        question="What is 6 * 7?", variant="conductor-ultra", pool=["teller"], stream_answer=True
+    )
+    return stub.Submit(request, metadata=metadata, timeout=10)
+
+
 def test_grpc_watch_carries_the_answer_as_the_worker_writes_it(api: Api) -> None:
     teller = api.workers["teller"]
     metadata = [("authorization", f"Bearer {api.key}")]
@@ -240,16 +248,7 @@ def test_grpc_watch_carries_the_answer_as_the_worker_writes_it(api: Api) -> None
     writing_when_first_came: bool | None = None
     with grpc.insecure_channel(api.server.grpc_address) as channel:
         stub = workflows_pb2_grpc.WorkflowsStub(channel)
-        accepted = stub.Submit(
-            workflows_pb2.SubmitRequest(
-                question="What is 6 * 7?",
-                variant="conductor-ultra",
-                pool=["teller"],
-                stream_answer=True,
-            ),
-            metadata=metadata,
-            timeout=10,
-        )
+        accepted = _submit_streamed(stub, metadata)
         request = workflows_pb2.WatchRequest(workflow_id=accepted.workflow_id)
         for event in stub.Watch(request, metadata=metadata, timeout=30):
             if event.WhichOneof("payload") == "answer_delta" and writing_when_first_came is None:
@@ -301,16 +300,7 @@ def test_a_resumed_stream_gets_the_answer_again_from_its_start(
     # gRPC: gone at a piece after a stored event, back with its sequence as after_sequence
     with grpc.insecure_channel(api.server.grpc_address) as channel:
         stub = workflows_pb2_grpc.WorkflowsStub(channel)
-        accepted = stub.Submit(
-            workflows_pb2.SubmitRequest(
-                question="What is 6 * 7?",
-                variant="conductor-ultra",
-                pool=["teller"],
-                stream_answer=True,
-            ),
-            metadata=metadata,
-            timeout=10,
-        )
+        accepted = _submit_streamed(stub, metadata)
         request = workflows_pb2.WatchRequest(workflow_id=accepted.workflow_id)
         call = stub.Watch(request, metadata=metadata, timeout=30)
         after = None
