@@ -27,7 +27,10 @@ import aiohttp
 import httpx
 
 CHUNK_BYTES = 64 * 1024
-KEEPALIVE_S = 15.0
+# Idle connections are dropped before the servers commonly drop them (uvicorn, under vLLM,
+# LiteLLM and this project's API, after 5 s): a request sent on a connection the server is
+# closing that moment fails with "Server disconnected" before it was read.
+KEEPALIVE_S = 4.0
 
 
 @contextlib.contextmanager
