@@ -17,6 +17,9 @@ Every server target is called with an API key (LiteLLM's master key, a key of co
 own): an open ``conductor serve`` would skip the key's checks and spend counting.
 - distributed: ``conductor api`` with the planner, one aggregator and one gateway
   (``conductor_cli.local_stack``), Redis broker, PostgreSQL, all on this machine;
+- tracing: ``conductor serve``'s one-step workflow with tracing off, then on (OTLP over HTTP
+  to a receiver in this process, ``otlp_sink``), alternating twice; it prints the server CPU
+  per workflow with tracing on as a ratio to off;
 - ttft: time to first token and to the last of streamed requests, one at a time, on a fourth
   fake that writes its answer a word every 0.1 s (whole answers take as long): the call
   direct, then pass-through and one- and three-step workflows on ``serve`` and distributed,
@@ -33,7 +36,7 @@ distributed pass-through kept at 50 in flight for 60 s (its p99 against its p50)
 
     python benchmarks/orchestration_overhead.py [--sequential 200] [--requests 500]
         [--in-flight 50] [--burst 500] [--sustain 60] [--litellm-venv PATH]
-        [--postgres URL] [--redis URL] [--only serve,distributed,ttft,...] [--repeat 1]
+        [--postgres URL] [--redis URL] [--only serve,distributed,tracing,ttft,...] [--repeat 1]
         [--ttft-requests 20] [--out out/orchestration]
 
 Needs PostgreSQL and Redis for the distributed target (a database and a key prefix of its own,
@@ -79,10 +82,15 @@ from conductor_cli.local_stack import (  # noqa: E402
 )
 
 from fakes.api_process import announced_addresses, start_api_role  # noqa: E402
+from otlp_sink import OtlpSink  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 QUESTION = "What is 6 * 7?"
-TARGETS = ("direct", "litellm", "serve", "distributed", "ttft")
+MAX_FAILURE_REASONS = 5
+MAX_TRACING_RATIO = 1.25  # tracing on may cost at most 25% more CPU per workflow
+TARGETS = ("direct", "litellm", "serve", "distributed", "tracing", "ttft")
+TRACED = "serve, tracing on"
+UNTRACED = "serve, tracing off"
 WORD_DELAY_S = 0.1  # the streaming provider's pace: its echo of a question takes about 1 s
 # How much later than the planner's time plus the direct call's first token a streamed
 # one-step workflow's first token may come (the aim; distributed adds Redis and two hops).
@@ -99,6 +107,9 @@ class Phase:
     latencies_ms: list[float] = field(repr=False)
     server_cpu_ms_per_request: float
     failures: int
+    # The first few failures' reasons (status and body, or the client error), printed so a
+    # failed call is explained rather than only counted.
+    failure_reasons: list[str] = field(default_factory=list, repr=False)
 
     @property
     def throughput(self) -> float:
@@ -222,23 +233,79 @@ def planner_env(directory: Path, upstreams: Upstreams) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def serve_target(directory: Path, upstreams: Upstreams) -> Iterator[Target]:
+def serve_target(
+    directory: Path, upstreams: Upstreams, name: str = "serve", env: dict[str, str] | None = None
+) -> Iterator[Target]:
     """``conductor serve`` with an API key, as every target runs: an open server skips the
-    key's lookup, limits and spend counting (measured: 40% of a pass-through's CPU)."""
+    key's lookup, limits and spend counting (measured: 40% of a pass-through's CPU).
+    ``env``: more variables for the server (tracing's)."""
+    directory = directory / name.replace(" ", "-").replace(",", "")
+    directory.mkdir(parents=True, exist_ok=True)
     database_url = f"sqlite:///{directory / 'conductor.db'}"
     upgrade(database_url)
     engine = make_engine(database_url)
     secret = create_key(engine, "bench").secret
     engine.dispose()
-    env = {**planner_env(directory, upstreams), "CONDUCTOR_DATABASE_URL": database_url}
+    env = {
+        **planner_env(directory, upstreams),
+        "CONDUCTOR_DATABASE_URL": database_url,
+        **(env or {}),
+    }
     serve = start_api_role("serve", directory / "serve.log", env)
     try:
         url, _ = announced_addresses(serve)
         assert serve.process is not None
         headers = {"Authorization": f"Bearer {secret}"}
-        yield Target("serve", f"{url}/v1/chat/completions", [serve.process.pid], headers)
+        yield Target(name, f"{url}/v1/chat/completions", [serve.process.pid], headers)
     finally:
         serve.stop()
+
+
+def run_tracing(options: argparse.Namespace, upstreams: Upstreams, tmp: Path) -> list[Phase]:
+    """The one-step workflow on ``conductor serve`` untraced, then traced (every span exported
+    over OTLP/HTTP to a local receiver), twice in turn so both see the machine alike."""
+    body = workflow_body(1, "fast")
+    phases: list[Phase] = []
+    # Variables of the caller's environment must not trace the untraced server.
+    untraced = {name: "" for name in os.environ if name.startswith("OTEL_")}
+    with OtlpSink() as sink:
+        traced = {
+            **untraced,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint,
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_SERVICE_NAME": "conductor-bench",
+        }
+        for turn in range(2):
+            for name, env in ((UNTRACED, untraced), (TRACED, traced)):
+                with serve_target(tmp / f"tracing-{turn}", upstreams, name, env) as target:
+                    phases += asyncio.run(
+                        measure_target(target, options, [("one-step workflow", body)], [])
+                    )
+        time.sleep(6)  # the servers' last batches (sent as they stop) are in
+    print(f"tracing: {sink.spans} spans received from {', '.join(sorted(sink.services))}")
+    return phases
+
+
+def report_tracing(rows: list[dict[str, Any]]) -> None:
+    """Server CPU per one-step workflow with tracing on, as a ratio to off (medians)."""
+    for mode in ("sequential", "in-flight"):
+        cpu = {
+            target: statistics.median(
+                r["server_cpu_ms_per_request"]
+                for r in rows
+                if r["mode"] == mode and r["path"] == f"{target}: one-step workflow"
+            )
+            for target in (UNTRACED, TRACED)
+            if any(r["path"] == f"{target}: one-step workflow" for r in rows)
+        }
+        if len(cpu) == 2:
+            ratio = cpu[TRACED] / cpu[UNTRACED]
+            print(
+                f"tracing on/off, server CPU per one-step workflow ({mode}): "
+                f"{cpu[TRACED]:.2f} / {cpu[UNTRACED]:.2f} ms = {ratio:.2f} "
+                f"({'within' if ratio <= MAX_TRACING_RATIO else 'over'} {MAX_TRACING_RATIO:g})",
+                flush=True,
+            )
 
 
 @contextlib.contextmanager
@@ -406,6 +473,7 @@ async def measure(
     """``requests`` calls, or as many as ``duration_s`` allows, ``concurrency`` at a time."""
     latencies: list[float] = []
     failures = 0
+    reasons: list[str] = []
     deadline = time.perf_counter() + duration_s
     remaining = requests
 
@@ -419,10 +487,13 @@ async def measure(
                     target.completions_url, json=body, headers=target.headers, timeout=600
                 )
                 ok = response.status_code == 200
-            except httpx.HTTPError:
-                ok = False
+                reason = "" if ok else f"HTTP {response.status_code}: {response.text[:300]}"
+            except httpx.HTTPError as exc:
+                ok, reason = False, f"{type(exc).__name__}: {exc}"
             latencies.append((time.perf_counter() - started) * 1000)
             failures += not ok
+            if reason and len(reasons) < MAX_FAILURE_REASONS:
+                reasons.append(reason)
 
     cpu_before = process_tree_cpu_s(target.pids) if target.pids else 0.0
     started = time.perf_counter()
@@ -439,6 +510,7 @@ async def measure(
         latencies_ms=latencies,
         server_cpu_ms_per_request=round(cpu * 1000 / served, 2) if served else 0.0,
         failures=failures,
+        failure_reasons=reasons,
     )
 
 
@@ -615,6 +687,8 @@ def report(phase: Phase) -> None:
         f"server CPU {phase.server_cpu_ms_per_request:6.2f} ms/req  failures {phase.failures}",
         flush=True,
     )
+    for reason in phase.failure_reasons:
+        print(f"    failed: {reason}", flush=True)
 
 
 def run_all(options: argparse.Namespace, upstreams: Upstreams, tmp: Path) -> list[Phase]:
@@ -663,6 +737,8 @@ def run_all(options: argparse.Namespace, upstreams: Upstreams, tmp: Path) -> lis
                     ],
                 )
             )
+    if "tracing" in options.only:
+        phases += run_tracing(options, upstreams, tmp)
     if "distributed" in options.only:
         with distributed_target(tmp, upstreams, options.postgres, options.redis) as target:
             sustained = ("pass-through", "sustained", fast_pass, options.in_flight, options.sustain)
@@ -807,6 +883,8 @@ def main() -> None:
     phases = medians(runs)
     if options.repeat > 1:
         report_medians(phases)
+    # Each run measured both twice: the ratio of the medians over every measurement.
+    report_tracing([row for run in runs for row in run])
     results = {
         "cpus": os.cpu_count(),
         "options": {k: str(v) for k, v in vars(options).items()},

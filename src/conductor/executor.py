@@ -33,6 +33,7 @@ from conductor.machine import (
 from conductor.orchestration import check_question
 from conductor.pool import Pool
 from conductor.ports import AnswerStreams, DeltaSink, Planner, StepRunner, WorkflowObserver
+from conductor.tracing import end_step, end_workflow, planning_span, step_span, workflow_span
 from conductor.variants import Variant
 from conductor.workflow import AttemptRecord, PoolEntry, WorkflowRecord
 
@@ -83,18 +84,51 @@ class WorkflowExecutor:
         tenant: str | None = None,
         tools: ToolUse | None = None,
         stream_answer: bool = False,
+        trace_parent: str | None = None,
     ) -> WorkflowRecord:
         """Run one workflow; ``pool`` limits the workers the Conductor sees (None: all);
         ``answer_format`` is the form its answer must take (None: any text); ``tenant`` is
         whose workflow it is (its calls take a fair turn on busy workers); ``tools`` are the
         client's functions, offered to the step that writes the answer; ``stream_answer``:
-        that step's text goes to ``answer_streams`` as it is written, where it is the answer."""
+        that step's text goes to ``answer_streams`` as it is written, where it is the answer;
+        ``trace_parent``: the W3C traceparent its span belongs under when it does not run under
+        its request's (a queued job's)."""
+        workflow_id = workflow_id or uuid.uuid4()
+        with workflow_span(workflow_id, variant.name, tenant, trace_parent) as span:
+            record = await self._run(
+                question,
+                variant,
+                workflow_id=workflow_id,
+                pool=pool,
+                created_at=created_at,
+                answer_format=answer_format,
+                tenant=tenant,
+                tools=tools,
+                stream_answer=stream_answer,
+            )
+            if span is not None:
+                end_workflow(span, record)
+            return record
+
+    async def _run(
+        self,
+        question: str,
+        variant: Variant,
+        *,
+        workflow_id: uuid.UUID,
+        pool: Sequence[str] | None,
+        created_at: datetime | None,
+        answer_format: AnswerFormat | None,
+        tenant: str | None,
+        tools: ToolUse | None,
+        stream_answer: bool,
+    ) -> WorkflowRecord:
         check_question(question)
         entries = self.entries_for(pool)
         if not entries:
             raise ConfigurationError("no worker in the pool can be called")
         machine = WorkflowMachine.start(
-            workflow_id=workflow_id or uuid.uuid4(),
+            workflow_id=workflow_id,
             question=question,
             variant=variant,
             entries=entries,
@@ -153,12 +187,24 @@ class WorkflowExecutor:
     async def _perform(self, machine: WorkflowMachine, action: Action, late: list[Fact]) -> Fact:
         """Run one action; returns what happened, applied on the driver's turn. A step call
         cancelled with its workflow adds the calls it made to ``late``: each may be billed."""
-        variant = machine.state.variant
         if isinstance(action, RequestPlan):
-            try:
-                return PlanReady(action.round, await self.planner.plan(action.request))
-            except Exception as exc:
-                return PlanFailed(action.round, str(exc))
+            with planning_span(action.round):
+                try:
+                    return PlanReady(action.round, await self.planner.plan(action.request))
+                except Exception as exc:
+                    return PlanFailed(action.round, str(exc))
+        with step_span(action.step, action.worker) as span:
+            fact = await self._call_step(machine, action, late)
+            if isinstance(fact, StepSucceeded):
+                end_step(span, fact.call.cost_usd, None)
+            elif isinstance(fact, StepFailed):
+                end_step(span, None, fact.error)
+            return fact
+
+    async def _call_step(
+        self, machine: WorkflowMachine, action: Dispatch, late: list[Fact]
+    ) -> Fact:
+        variant = machine.state.variant
         made: list[AttemptRecord] = []  # filled by the gateway as it calls
         try:
             async with asyncio.timeout(variant.step_timeout_s):

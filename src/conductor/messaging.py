@@ -102,6 +102,9 @@ class CallRequest(BaseModel):
     # the longest call a gateway holds, and so the grace period a stopping gateway needs.
     # None: only the worker's own per-attempt timeout applies.
     expires_at: datetime | None = None
+    # The W3C traceparent its spans belong under (its workflow's span, or a direct call's
+    # request); None: not traced.
+    trace_parent: str | None = Field(default=None, max_length=128)
 
     @model_validator(mode="after")
     def _one_reply_route(self) -> Self:

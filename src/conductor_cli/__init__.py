@@ -31,6 +31,17 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _trace_this_process(ctx: typer.Context) -> None:
+    """Every command traces itself when the OTEL_* variables configure an exporter (before
+    its servers and clients are made: the instrumentations patch them)."""
+    from conductor_adapters.telemetry import configure_tracing
+
+    configure_tracing(ctx.invoked_subcommand or "cli")
+
+
 app.command()(ask)
 app.command()(pool)
 app.command()(gateway)

@@ -80,7 +80,8 @@ from conductor.messaging import (
 )
 from conductor.pool import Pool
 from conductor.ports import Planner
-from conductor.workflow import PoolEntry
+from conductor.tracing import planning_span, record_workflow_span, workflow_traceparent
+from conductor.workflow import PlanOutcome, PoolEntry
 from conductor_adapters.loop_thread import LoopThread
 from conductor_adapters.queue import RedisBrokerWatch
 from conductor_adapters.store import outbox
@@ -239,10 +240,12 @@ class Aggregator:
         *,
         final_try: bool = True,
         waiting: WorkflowMachine | None = None,
+        trace_parent: str | None = None,
     ) -> None:
         """Ask the planner for a round's plan. A retryable PlannerError is raised for the round
         to be tried again, unless this is the final try: then the round fails with it.
-        ``waiting``: the workflow as this process just committed it (else it is read)."""
+        ``waiting``: the workflow as this process just committed it (else it is read), and
+        ``trace_parent`` its request's traceparent."""
         if waiting is None:
             # Read under the row lock, released at once: this message can arrive before the
             # transaction that sent it commits, and the lock waits for that commit.
@@ -250,14 +253,19 @@ class Aggregator:
                 run = lock_run(conn, workflow_id)
             if run is None or run.state is None:
                 return
-            waiting = WorkflowMachine(run.state)
+            waiting, trace_parent = WorkflowMachine(run.state), run.request.trace_parent
         if waiting.state.finished or waiting.state.planning_round != round_no:
             return  # a duplicate, or a round already planned or given up
         request = waiting.plan_request(round_no)
+        parent = workflow_traceparent(workflow_id, trace_parent)
+
+        async def planned() -> PlanOutcome:
+            # The span is made in the loop's thread, where the call runs.
+            with planning_span(round_no, parent):
+                return await self.planner.plan(request)
+
         try:
-            outcome = self.loop.run(
-                self.planner.plan(request), timeout_s=self.planner_timeout_s + 10
-            )
+            outcome = self.loop.run(planned(), timeout_s=self.planner_timeout_s + 10)
         except Exception as exc:
             if isinstance(exc, PlannerError) and exc.retryable and not final_try:
                 raise
@@ -416,7 +424,10 @@ class Aggregator:
             machine = change(conn, run)
             if machine is None:
                 return
-            messages = [self._message(workflow_id, action) for action in machine.advance()]
+            trace_parent = workflow_traceparent(workflow_id, run.request.trace_parent)
+            messages = [
+                self._message(workflow_id, action, trace_parent) for action in machine.advance()
+            ]
             events = machine.take_events()
             self.writes.for_events(machine.result, events)(conn)
             save_run(conn, workflow_id, machine.state)
@@ -430,17 +441,25 @@ class Aggregator:
         if self.metrics is not None:  # committed: counted once
             self.metrics.record(machine.result, events)
         self._announce(workflow_id, [e for e in events if e.sequence])
+        if any(event.kind.final for event in events):
+            record_workflow_span(machine.result, run.request.tenant, run.request.trace_parent)
         for item in staged_here:
-            self._plan_here(workflow_id, item, machine)
+            self._plan_here(workflow_id, item, machine, run.request.trace_parent)
 
     def _plan_here(
-        self, workflow_id: uuid.UUID, item: outbox.Staged, machine: WorkflowMachine
+        self,
+        workflow_id: uuid.UUID,
+        item: outbox.Staged,
+        machine: WorkflowMachine,
+        trace_parent: str | None,
     ) -> None:
         """Plan a round this process staged; a planner to be tried again gets the round's
         message sent, whose task tries again with backoff."""
         round_no = item.message.args[1]
         try:
-            self.plan(workflow_id, round_no, final_try=False, waiting=machine)
+            self.plan(
+                workflow_id, round_no, final_try=False, waiting=machine, trace_parent=trace_parent
+            )
         except PlannerError:  # retryable (plan() handles the rest)
             self.sent_rows.add(self._send_staged([item]))
             return
@@ -461,7 +480,9 @@ class Aggregator:
             done.append(item.id)
         return done
 
-    def _message(self, workflow_id: uuid.UUID, action: Action) -> outbox.Message:
+    def _message(
+        self, workflow_id: uuid.UUID, action: Action, trace_parent: str | None
+    ) -> outbox.Message:
         if isinstance(action, Dispatch):
             request = CallRequest(
                 call_id=f"{workflow_id}:{action.step}:{action.dispatch}",
@@ -479,6 +500,7 @@ class Aggregator:
                 if action.streams
                 else None,
                 expires_at=action.expires_at,
+                trace_parent=trace_parent,
             )
             queue = queue_for(self.pool.get(action.worker))
             return outbox.Message(CALL_WORKER_TASK, queue, [request.model_dump(mode="json")])

@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import conductor
 from conductor.orchestration import text_fault
+from conductor_adapters.telemetry import instrument_app
 from conductor_api import chat, jobs, responses, stats, ui, unsupported_endpoints
 from conductor_api.admission import LimitHeaders
 from conductor_api.errors import (
@@ -288,6 +289,8 @@ def create_app(
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    # One span per request (the client's traceparent its parent), when tracing is on.
+    instrument_app(app)
     app.add_middleware(BodyLimit)
     app.add_middleware(QueryText)
     app.add_middleware(

@@ -135,6 +135,7 @@ class EmbeddedRuntime:
                 tenant=request.tenant,
                 tools=request.tools,
                 stream_answer=request.stream_answer,
+                trace_parent=request.trace_parent,
             ),
             name=f"workflow-{workflow_id}",
         )

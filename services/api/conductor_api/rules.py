@@ -14,6 +14,7 @@ from conductor.answer_format import AnswerFormat
 from conductor.chat import ToolUse
 from conductor.errors import InvalidRequest
 from conductor.orchestration import check_question, check_text
+from conductor.tracing import current_traceparent
 from conductor.variants import MAX_STEPS_LIMIT, Variant, get_variant
 from conductor_adapters.store.keys import KeyLimits
 from conductor_adapters.store.runs import SubmitRequest
@@ -238,6 +239,8 @@ class Rules:
             answer_format=answer_format,
             tools=tools,
             key_id=caller.key_id,
+            # The request's span (a door's server span) is its workflow's parent.
+            trace_parent=current_traceparent(),
         )
 
     def _check_tool_workers(self, pool: Sequence[str] | None) -> None:

@@ -31,6 +31,7 @@ from conductor.protocol import (
     text_limits,
     validate_plan,
 )
+from conductor.tracing import end_provider_call, model_call_span
 from conductor.workflow import Plan, PlanOutcome, PlanStep
 from conductor_adapters.settings import Settings
 
@@ -53,6 +54,10 @@ def load_router(settings: Settings) -> Router | None:
             "pip install 'conductor[router]'"
         ) from exc
     return Router.load(Path(settings.router_model))
+
+
+# gen_ai.provider.name of the Conductor's own calls (its backend names the model).
+CONDUCTOR_PROVIDER = "conductor.planner"
 
 
 class ConductorPlanner:
@@ -116,12 +121,21 @@ class ConductorPlanner:
                 max_reasoning_chars=reasoning_chars,
             )
         started = time.perf_counter()
-        completion = await self.backend.generate(
-            render_prompt(request, fmt, form=form),
-            json_schema=schema,
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-        )
+        prompt = render_prompt(request, fmt, form=form)
+        with model_call_span(
+            CONDUCTOR_PROVIDER, self.backend.name, prompt, request.max_tokens, request.temperature
+        ) as span:
+            try:
+                completion = await self.backend.generate(
+                    prompt,
+                    json_schema=schema,
+                    max_tokens=request.max_tokens,
+                    temperature=request.temperature,
+                )
+            except BaseException as exc:
+                end_provider_call(span, None, exc)
+                raise
+            end_provider_call(span, completion)
         latency_ms = (time.perf_counter() - started) * 1000
 
         parsed = parse_plan(completion.text)

@@ -61,6 +61,7 @@ from conductor.messaging import (
 )
 from conductor.pool import Pool
 from conductor.ports import ChatWorker, DeltaSink
+from conductor.tracing import call_span, end_step, step_span
 from conductor.workflow import AttemptRecord
 from conductor_adapters.answer_streams import append_piece
 from conductor_adapters.loop_thread import LoopThread
@@ -338,6 +339,21 @@ class GatewayProcess:
         return append
 
     async def _call(self, request: CallRequest) -> CallReply:
+        """The call, traced under its workflow's span (a step) or its request's (a direct
+        call), as its message's ``trace_parent`` says."""
+        if request.context is None:
+            spans = call_span(request.trace_parent, request.worker)
+        else:
+            spans = step_span(request.context.step, request.worker, request.trace_parent)
+        with spans as span:
+            reply = await self._counted_call(request)
+            if reply.ok:
+                end_step(span, reply.result.cost_usd if reply.result else None, None)
+            else:
+                end_step(span, None, f"StepCallFailed: {reply.error}")
+            return reply
+
+    async def _counted_call(self, request: CallRequest) -> CallReply:
         """The call, counted in flight on its worker's queue while it runs."""
         spec = self.gateway.pool.find(request.worker)
         if self.metrics is None or spec is None:  # an unknown worker fails at once, uncounted

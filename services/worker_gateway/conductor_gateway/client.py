@@ -28,6 +28,7 @@ from conductor.messaging import (
 )
 from conductor.pool import Pool
 from conductor.ports import DeltaSink, StepCallResult
+from conductor.tracing import current_traceparent
 from conductor.workflow import AttemptRecord
 from conductor_adapters.answer_streams import START, read_pieces
 
@@ -93,6 +94,7 @@ class QueuedStepRunner:
             answer_format=answer_format,
             # The gateway gives up when this caller does: no call outlives its waiter.
             expires_at=datetime.now(UTC) + timedelta(seconds=self.reply_timeout_s),
+            trace_parent=current_traceparent(),  # the gateway's spans go under this request's
         )
         reply_future: asyncio.Future[CallReply] = asyncio.get_running_loop().create_future()
         self._waiting[request.call_id] = reply_future

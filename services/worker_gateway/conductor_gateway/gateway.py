@@ -35,6 +35,7 @@ from conductor.ports import (
     ToolCallingWorker,
 )
 from conductor.streaming import StreamEvent, TextDelta, collect_stream
+from conductor.tracing import add_event, end_provider_call, provider_call_span
 from conductor.workflow import AttemptRecord, attempts_total
 from conductor_gateway.metrics import GatewayMetrics
 from conductor_gateway.quotas import MemoryQuotas, QuotaStore, estimate_tokens
@@ -200,6 +201,10 @@ class WorkerGateway:
                 if self.metrics is not None:
                     self.metrics.retry(spec)
                 delay = self.policy.delay_s(exc, tries)
+                add_event(
+                    "retry",
+                    {"conductor.worker": spec.name, "conductor.attempt": tries, "delay_s": delay},
+                )
                 logger.info(
                     "worker %s attempt %d failed (%s); retrying in %.2f s",
                     spec.name,
@@ -222,9 +227,29 @@ class WorkerGateway:
         self, spec: WorkerSpec, call: _Call, attempts: list[AttemptRecord]
     ) -> Completion:
         """One provider call under the worker's quotas (taking the tenant's fair turn among the
-        calls waiting); recorded whatever happens."""
+        calls waiting); recorded whatever happens, and traced (the quota wait inside)."""
+        with provider_call_span(
+            spec,
+            call.messages,
+            max_tokens=call.max_tokens(spec),
+            temperature=call.temperature(spec),
+            attempt=len(attempts) + 1,
+        ) as span:
+            try:
+                completion = await self._leased_attempt(spec, call, attempts)
+            except BaseException as exc:
+                end_provider_call(span, None, exc)
+                raise
+            end_provider_call(span, completion, cost_usd=attempts[-1].cost_usd)
+            return completion
+
+    async def _leased_attempt(
+        self, spec: WorkerSpec, call: _Call, attempts: list[AttemptRecord]
+    ) -> Completion:
         estimate = estimate_tokens(call.messages, call.max_tokens(spec), call.tools)
         lease = await self.quotas.acquire(spec.name, spec.quotas, estimate, call.tenant)
+        if lease.waited_s:
+            add_event("quota wait", {"conductor.quota_wait_ms": lease.waited_s * 1000})
         started_at, clock = datetime.now(UTC), time.perf_counter()
         record = AttemptRecord(
             number=len(attempts) + 1,

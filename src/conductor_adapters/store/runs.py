@@ -58,6 +58,9 @@ class SubmitRequest(BaseModel):
     # A client's Idempotency-Key and the SHA-256 of the request it came with (both or none).
     idempotency_key: str | None = None
     request_hash: str | None = None
+    # The W3C traceparent of the request that submitted it: its workflow's span goes under
+    # it (None: not traced, or a trace of its own).
+    trace_parent: str | None = Field(default=None, max_length=128)
 
 
 class RunRow(BaseModel):
