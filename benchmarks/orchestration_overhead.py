@@ -70,6 +70,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import httpx  # noqa: E402
 import yaml  # noqa: E402
+from otlp_sink import OtlpSink  # noqa: E402
 from sqlalchemy import text  # noqa: E402
 
 from conductor_adapters.http_wire import new_client  # noqa: E402
@@ -82,7 +83,6 @@ from conductor_cli.local_stack import (  # noqa: E402
 )
 
 from fakes.api_process import announced_addresses, start_api_role  # noqa: E402
-from otlp_sink import OtlpSink  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 QUESTION = "What is 6 * 7?"

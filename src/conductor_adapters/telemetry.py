@@ -41,6 +41,7 @@ INSTRUMENTATIONS = ("aiohttp-client", "grpc", "fastapi", "sqlalchemy", "redis", 
 # Left off unless OTEL_PYTHON_DISABLED_INSTRUMENTATIONS says otherwise (see the docstring).
 DISABLED_BY_DEFAULT = frozenset({"sqlalchemy", "redis"})
 LOG_FORMAT_SUFFIX = " [trace_id=%(otelTraceID)s span_id=%(otelSpanID)s]"
+NO_IDS = {"otelTraceID": "0", "otelSpanID": "0"}
 # URLs whose requests make no span: probes and scrapes, many per minute, none a request.
 EXCLUDED_URLS = "/healthz,/readyz,/livez,/metrics"
 
@@ -195,7 +196,11 @@ def add_trace_ids_to_log_format(handlers: list[logging.Handler] | None = None) -
         base = formatter._fmt or "%(message)s"
         if LOG_FORMAT_SUFFIX in base:
             continue
-        handler.setFormatter(logging.Formatter(base + LOG_FORMAT_SUFFIX, formatter.datefmt))
+        # Defaults: records made without the instrumentation's factory (Celery makes some)
+        # would otherwise fail to format.
+        handler.setFormatter(
+            logging.Formatter(base + LOG_FORMAT_SUFFIX, formatter.datefmt, defaults=NO_IDS)
+        )
 
 
 def instrument_app(app: FastAPI) -> None:

@@ -49,17 +49,22 @@ DECIDED_ENV = "CONDUCTOR_TEST_TIERS_DECIDED"
 WORKER_OUTPUT = "conductor_test_servers"
 DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 AMQP_HOST, AMQP_PORT = "127.0.0.1", 5672
-TIERS = ("rabbitmq", "browser", "curl", "codex")
+TIERS = ("rabbitmq", "browser", "curl", "codex", "phoenix")
 WHAT = {
     "rabbitmq": "RabbitMQ-broker variants",
     "browser": "browser tests",
     "curl": "tests of the docs' curl examples",
     "codex": "runs of the Codex CLI",
+    "phoenix": "tracing tests against Arize Phoenix",
 }
 # Where CI installs the Codex CLI (npm install --prefix .codex-cli @openai/codex); else one
 # named by CONDUCTOR_TEST_CODEX, else one on PATH.
 CODEX_PREFIX = ".codex-cli"
 CODEX_ENV = "CONDUCTOR_TEST_CODEX"
+# Where CI installs Arize Phoenix (a virtual environment of its own: its dependencies are not
+# this project's); else the ``phoenix`` command named by CONDUCTOR_TEST_PHOENIX.
+PHOENIX_VENV = ".venv-phoenix"
+PHOENIX_ENV = "CONDUCTOR_TEST_PHOENIX"
 
 
 def mode() -> str:
@@ -192,6 +197,25 @@ def _codex_here() -> str | None:
     )
 
 
+def phoenix_binary() -> str | None:
+    """The ``phoenix`` command the tracing tests start, or None."""
+    named = os.environ.get(PHOENIX_ENV)
+    if named:
+        return named
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    installed = os.path.join(root, PHOENIX_VENV, "bin", "phoenix")
+    return installed if os.path.exists(installed) else None
+
+
+def _phoenix_here() -> str | None:
+    if phoenix_binary() is not None:
+        return None
+    return (
+        f"Arize Phoenix is not installed (python3 -m venv {PHOENIX_VENV} && "
+        f"{PHOENIX_VENV}/bin/pip install arize-phoenix, or name its command in {PHOENIX_ENV})"
+    )
+
+
 def _decide(config: pytest.Config) -> dict[str, str]:
     """The tiers this run leaves out, with the reason: decided once, by the controller."""
     decided = os.environ.get(DECIDED_ENV)
@@ -205,6 +229,7 @@ def _decide(config: pytest.Config) -> dict[str, str]:
         ("browser", _browser_here),
         ("curl", _curl_here),
         ("codex", _codex_here),
+        ("phoenix", _phoenix_here),
     )
     for tier, check in checks:
         why_not = check()

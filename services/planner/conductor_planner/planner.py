@@ -122,8 +122,10 @@ class ConductorPlanner:
             )
         started = time.perf_counter()
         prompt = render_prompt(request, fmt, form=form)
+        # The model where the backend names one (a served model's), else the backend.
+        model = str(getattr(self.backend, "model", None) or self.backend.name)
         with model_call_span(
-            CONDUCTOR_PROVIDER, self.backend.name, prompt, request.max_tokens, request.temperature
+            CONDUCTOR_PROVIDER, model, prompt, request.max_tokens, request.temperature
         ) as span:
             try:
                 completion = await self.backend.generate(
