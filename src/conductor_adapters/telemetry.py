@@ -182,7 +182,7 @@ def _instrument_libraries(disabled: frozenset[str]) -> None:
     if "logging" not in disabled:
         from opentelemetry.instrumentation.logging import LoggingInstrumentor
 
-        LoggingInstrumentor().instrument(set_logging_format=False)
+        LoggingInstrumentor().instrument(set_logging_format=False, inject_trace_context=True)
         add_trace_ids_to_log_format()
 
 

@@ -8,7 +8,9 @@ processes (the gateway's step span under the workflow span the aggregator writes
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -242,3 +244,27 @@ def test_a_process_without_an_exporter_installs_no_provider() -> None:
         "assert not hasattr(aiohttp.ClientSession.__init__, '__wrapped__')\n"
     )
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+
+
+def test_log_records_carry_the_trace_and_span_ids(spans: InMemorySpanExporter) -> None:
+    from opentelemetry.instrumentation.logging import LoggingInstrumentor
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logger = logging.getLogger("conductor.test_tracing")
+    logger.addHandler(handler)
+    LoggingInstrumentor().instrument(set_logging_format=False, inject_trace_context=True)
+    try:
+        telemetry.add_trace_ids_to_log_format([handler])
+        with tracing.step_span(0, "alpha") as span:
+            logger.warning("inside")
+        logger.warning("outside")
+    finally:
+        LoggingInstrumentor().uninstrument()
+        logger.removeHandler(handler)
+    assert span is not None
+    ids = span.get_span_context()
+    inside, outside = stream.getvalue().splitlines()
+    assert inside == (f"WARNING inside [trace_id={ids.trace_id:032x} span_id={ids.span_id:016x}]")
+    assert outside == "WARNING outside [trace_id=0 span_id=0]"
