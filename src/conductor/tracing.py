@@ -10,7 +10,7 @@ provider call attempt, named and described by OpenTelemetry's GenAI semantic con
 (``chat MODEL``: ``gen_ai.*`` attributes). The embedded runtime keeps the workflow's span open
 while it runs. The distributed runtime cannot: its workflow moves between processes with
 every message. There, the workflow's span gets ids derived from the workflow (its trace: the
-client's, else the workflow id itself; its span id: the workflow id's low 64 bits), every
+client's, else one made of the workflow id; its span id: the workflow id's low 64 bits), every
 process parents its spans on those ids, and the aggregator that ends the workflow writes the
 span itself, dated from its start (``record_workflow_span``).
 
@@ -123,12 +123,34 @@ def context_of(traceparent: str | None) -> otel_context.Context | None:
     return None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent))
 
 
+def workflow_trace_id(workflow_id: uuid.UUID) -> int:
+    """The trace of a workflow that came without one: its id, halves swapped. Ratio samplers
+    read a trace id's low 64 bits, and a UUID4's low half starts with its fixed variant bits
+    (always above half the range); its high half starts with random bits."""
+    value = workflow_id.int
+    return ((value & 0xFFFF_FFFF_FFFF_FFFF) << 64) | (value >> 64)
+
+
+def _sampled_as_root(trace_id: int) -> bool:
+    """Whether the process's sampler keeps a trace started with this id (a workflow without a
+    client trace): decided once, carried by every span of the workflow in every process."""
+    sampler = getattr(trace.get_tracer_provider(), "sampler", None)
+    if sampler is None:
+        return True
+    result = sampler.should_sample(None, trace_id, "workflow")
+    return bool(result.decision.is_sampled())
+
+
 def workflow_span_context(workflow_id: uuid.UUID, traceparent: str | None) -> SpanContext:
     """The ids of a distributed workflow's span: in its client's trace when it came with one
-    (else the workflow id is the trace id), its span id the workflow id's low 64 bits."""
+    (else ``workflow_trace_id``), its span id the workflow id's low 64 bits."""
     parent = _parent(traceparent)
-    trace_id = parent.trace_id if parent is not None else workflow_id.int
-    flags = parent.trace_flags if parent is not None else TraceFlags(TraceFlags.SAMPLED)
+    if parent is not None:
+        trace_id, flags = parent.trace_id, parent.trace_flags
+    else:
+        trace_id = workflow_trace_id(workflow_id)
+        sampled = _sampled_as_root(trace_id)
+        flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
     span_id = (workflow_id.int & 0xFFFF_FFFF_FFFF_FFFF) or 1
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
 

@@ -174,7 +174,9 @@ def _instrument_libraries(disabled: frozenset[str]) -> None:
     if "sqlalchemy" not in disabled:
         from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
 
-        SQLAlchemyInstrumentor().instrument()
+        # Its declared range stops short of SQLAlchemy 2.1 (sqlmodel's), which it traces all
+        # the same; without the skip it logs an error and instruments nothing.
+        SQLAlchemyInstrumentor().instrument(skip_dep_check=True)
     if "redis" not in disabled:
         from opentelemetry.instrumentation.redis import RedisInstrumentor
 

@@ -23,6 +23,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 from opentelemetry.trace import StatusCode
 
 from conductor import tracing
@@ -193,12 +194,32 @@ def test_distributed_spans_share_the_workflow_span_ids(spans: InMemorySpanExport
     assert workflow.start_time is not None
     assert 1.5e9 < workflow.end_time - workflow.start_time < 2.5e9  # its whole run
 
-    # Without a client trace, the workflow id is the trace id.
+    # Without a client trace, the trace is the workflow id's (halves swapped).
     spans.clear()
     tracing.record_workflow_span(record, None, None)
     [alone] = spans.get_finished_spans()
-    assert alone.context.trace_id == workflow_id.int
+    swapped = f"{workflow_id.hex[16:]}{workflow_id.hex[:16]}"
+    assert f"{alone.context.trace_id:032x}" == swapped
     assert alone.parent is None
+
+
+def test_ratio_sampling_keeps_whole_workflows_without_a_client_trace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ratio sampler keeps about its ratio of workflows that came without a trace, and a
+    workflow's steps are kept exactly when its workflow span is (the flag they carry)."""
+    sampler = TraceIdRatioBased(0.3)
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: TracerProvider(sampler=sampler))
+    monkeypatch.setattr(tracing, "_SWITCHES", tracing._Switches(enabled=True))
+    kept = 0
+    for _ in range(1000):
+        workflow_id = uuid.uuid4()
+        step_parent = tracing.workflow_traceparent(workflow_id, None)
+        assert step_parent is not None
+        decision = sampler.should_sample(None, tracing.workflow_trace_id(workflow_id), "w")
+        assert step_parent.endswith("-01") == decision.decision.is_sampled()
+        kept += step_parent.endswith("-01")
+    assert 220 < kept < 380  # 300 expected
 
 
 def tracing_now(offset_s: float) -> datetime:

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,42 +31,21 @@ from conductor_adapters.store.db import make_engine, upgrade
 from conductor_adapters.store.keys import KEY_CACHE_S, create_key
 from conductor_cli.local_stack import ENTRY, LocalStack, ServiceProcess, free_port
 
-from fakes.api_process import announced_addresses, start_api_role
+from fakes.api_process import announced_addresses, start_api_beside, start_api_role
 from fakes.openai_server import FakeOpenAIServer
+from fakes.two_step import (
+    CALLER_SETTINGS,
+    CHECKED,
+    SOLVED,
+    plan_responder,
+    worker_responder,
+)
 
 pytestmark = [pytest.mark.processes]
 
 CONDUCTOR = [sys.executable, "-c", ENTRY]
-SOLVED = "solved: 2 + 2 = 4"
-CHECKED = "checked: the answer is 4"
 QUESTION = "What is 2 + 2?"
 ZERO_UUID = "00000000-0000-0000-0000-000000000000"
-# Variables of the caller's environment that would change what the processes do.
-UNSET = (
-    "CONDUCTOR_BROKER_URL",
-    "CONDUCTOR_REDIS_URL",
-    "CONDUCTOR_REDIS_PREFIX",
-    "CONDUCTOR_DATABASE_URL",
-    "CONDUCTOR_POOL_FILE",
-    "CONDUCTOR_PROFILES_FILE",
-    "CONDUCTOR_VARIANTS_FILE",
-    "CONDUCTOR_PLANNER_ADDR",
-    "CONDUCTOR_PLANNER_BACKEND",
-)
-
-
-def plan_responder(messages: list[dict[str, Any]]) -> str:
-    """The Conductor: solve with worker 0, then have worker 1 check with everything."""
-    return (
-        'Two steps.\nmodel_id = [0, 1]\nsubtasks = ["Solve it.", "Check the answer."]\n'
-        'access_list = [[], ["all"]]'
-    )
-
-
-def worker_responder(messages: list[dict[str, Any]]) -> str:
-    """A worker: checks when its subtask says so, else solves."""
-    asked = "\n".join(str(m.get("content", "")) for m in messages)
-    return CHECKED if "Check the answer." in asked else SOLVED
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -75,7 +53,7 @@ def _unsteered() -> Iterator[None]:
     """The processes see only the settings the tests give them (ServiceProcess and
     subprocess get os.environ plus those), not the caller's CONDUCTOR_ variables."""
     with pytest.MonkeyPatch.context() as patch:
-        for name in UNSET:
+        for name in CALLER_SETTINGS:
             patch.delenv(name, raising=False)
         yield
 
@@ -339,27 +317,7 @@ def distributed(
         **_model_env(fakes, directory),
     }
     stack = LocalStack(directory / "logs", env, planner_port=free_port())
-    api_env = dict(stack.env)  # with CONDUCTOR_PLANNER_ADDR
-    # The api process needs nothing of the stack to start: start both at once.
-    started: list[ServiceProcess] = []
-    failures: list[BaseException] = []
-
-    def start_api() -> None:
-        try:
-            started.append(start_api_role("api", directory / "logs" / "api.log", api_env))
-        except BaseException as exc:
-            failures.append(exc)
-
-    starter = threading.Thread(target=start_api)
-    starter.start()
-    try:
-        stack.start()
-    finally:
-        starter.join()
-    if failures:
-        stack.stop()
-        raise failures[0]
-    api = started[0]
+    api = start_api_beside(stack, directory / "logs" / "api.log")
     try:
         url, grpc_address = announced_addresses(api)
         yield Distributed(stack, api, url, grpc_address, key)

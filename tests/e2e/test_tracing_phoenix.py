@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import shutil
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,44 +31,27 @@ from conductor_adapters.store.db import make_engine, upgrade
 from conductor_adapters.store.keys import create_key
 from conductor_cli.local_stack import LocalStack, ServiceProcess, free_port
 
-from fakes.api_process import announced_addresses, start_api_role
+from fakes.api_process import announced_addresses, start_api_beside, start_api_role
 from fakes.openai_server import FakeOpenAIServer
 from fakes.phoenix import Phoenix, running_phoenix
+from fakes.two_step import (
+    CALLER_SETTINGS,
+    CHECKED,
+    SOLVED,
+    plan_responder,
+    worker_responder,
+)
 
 pytestmark = [pytest.mark.processes, pytest.mark.phoenix]
 
 QUESTION = "What is the capital of the secret country Zembla?"
-SOLVED = "solved: Zembla City"
-CHECKED = "checked: Zembla City"
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "trace-in-phoenix.png"
-UNSET = (
-    "CONDUCTOR_BROKER_URL",
-    "CONDUCTOR_REDIS_URL",
-    "CONDUCTOR_REDIS_PREFIX",
-    "CONDUCTOR_DATABASE_URL",
-    "CONDUCTOR_POOL_FILE",
-    "CONDUCTOR_VARIANTS_FILE",
-    "CONDUCTOR_PLANNER_ADDR",
-    "CONDUCTOR_PLANNER_BACKEND",
-)
-
-
-def plan_responder(messages: list[dict[str, Any]]) -> str:
-    return (
-        'Two steps.\nmodel_id = [0, 1]\nsubtasks = ["Solve it.", "Check the answer."]\n'
-        'access_list = [[], ["all"]]'
-    )
-
-
-def worker_responder(messages: list[dict[str, Any]]) -> str:
-    asked = "\n".join(str(m.get("content", "")) for m in messages)
-    return CHECKED if "Check the answer." in asked else SOLVED
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _unsteered() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
-        for name in UNSET:
+        for name in CALLER_SETTINGS:
             patch.delenv(name, raising=False)
         for name in list(os.environ):
             if name.startswith("OTEL_"):
@@ -200,7 +182,9 @@ def _check_workflow_trace(traced: Traced, client_span: str, trace_id: str, tenan
     ]
     assert len(conductor_calls) == 1  # the Conductor's own model call
     recorded = json.dumps([s["attributes"] for s in traced.spans])
-    assert "Zembla" not in recorded  # no prompt, no answer: capture is off
+    # No prompt, no answer: capture is off.
+    assert "Zembla" not in recorded
+    assert SOLVED not in recorded
 
 
 def _check_failed_call(phoenix: Phoenix, project: str, trace_id: str) -> None:
@@ -278,29 +262,7 @@ def distributed(
         **_env(tmp_path, providers, phoenix, "conductor-distributed"),
     }
     stack = LocalStack(tmp_path / "logs", env, planner_port=free_port())
-    started: list[ServiceProcess] = []
-    failures: list[BaseException] = []
-
-    def start_api() -> None:
-        try:
-            started.append(start_api_role("api", tmp_path / "logs" / "api.log", dict(stack.env)))
-        except BaseException as exc:
-            failures.append(exc)
-
-    starter = threading.Thread(target=start_api)
-    starter.start()
-    try:
-        stack.start()
-    except BaseException:
-        starter.join()
-        for process in started:
-            process.stop()
-        raise
-    starter.join()
-    if failures:
-        stack.stop()
-        raise failures[0]
-    api = started[0]
+    api = start_api_beside(stack, tmp_path / "logs" / "api.log")
     try:
         url, _ = announced_addresses(api)
         yield Distributed(stack, api, url, key)
@@ -359,9 +321,14 @@ def _screenshot(phoenix: Phoenix, project: str, trace_id: str) -> None:
         try:
             page = browser.new_page(viewport={"width": 1600, "height": 1000})
             page.goto(url, wait_until="domcontentloaded")
+            tree = page.locator('[data-testid="trace-tree"]')
             for name in ("workflow", "plan round 0", "step 0 solver", "chat checker"):
-                page.get_by_text(name, exact=True).first.wait_for(state="visible", timeout=60_000)
-            page.wait_for_load_state("networkidle", timeout=30_000)
+                heading = tree.locator(".span-node__heading", has_text=name).first
+                heading.wait_for(state="visible", timeout=60_000)
+            # The selected span's details, else the screenshot can catch them loading (the
+            # UI keeps polling: the network never goes idle).
+            details = page.locator('[data-testid="span-details"]', has_text="POST /v1/chat")
+            details.wait_for(state="visible", timeout=60_000)
             SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SCREENSHOT))
         finally:

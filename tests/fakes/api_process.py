@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from conductor_cli.local_stack import ServiceProcess
+from conductor_cli.local_stack import LocalStack, ServiceProcess
 
 _READY = re.compile(r"conductor (?:serve|api): serving on (http://\S+?)(?:, gRPC on (\S+))?$")
 
@@ -24,3 +25,31 @@ def announced_addresses(process: ServiceProcess) -> tuple[str, str]:
         if found and found.group(2):
             return found.group(1), found.group(2)
     raise AssertionError(f"no ready line with both ports in:\n{process.tail()}")
+
+
+def start_api_beside(stack: LocalStack, log_path: Path) -> ServiceProcess:
+    """``conductor api`` started while ``stack`` starts (it needs nothing of the stack to
+    start), with the stack's settings; on any failure, whatever started is stopped."""
+    started: list[ServiceProcess] = []
+    failures: list[BaseException] = []
+
+    def start_api() -> None:
+        try:
+            started.append(start_api_role("api", log_path, dict(stack.env)))
+        except BaseException as exc:
+            failures.append(exc)
+
+    starter = threading.Thread(target=start_api)
+    starter.start()
+    try:
+        stack.start()
+    except BaseException:
+        starter.join()
+        for process in started:
+            process.stop()
+        raise
+    starter.join()
+    if failures:
+        stack.stop()
+        raise failures[0]
+    return started[0]

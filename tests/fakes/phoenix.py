@@ -84,6 +84,9 @@ def running_phoenix(directory: Path) -> Iterator[Phoenix]:
         "PHOENIX_ALLOW_EXTERNAL_RESOURCES": "false",
         "PHOENIX_TELEMETRY_ENABLED": "false",
         "PHOENIX_DISABLE_AGENT_ASSISTANT": "true",
+        # Its migrations' SQL, thousands of lines, kept out of the log.
+        "PHOENIX_LOG_MIGRATIONS": "false",
+        "PHOENIX_DB_LOGGING_LEVEL": "warning",
     }
     env = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
     log = directory / "phoenix.log"
