@@ -108,6 +108,16 @@ def current_traceparent() -> str | None:
     return carrier.get("traceparent")
 
 
+def inject_traceparent(headers: list[tuple[str, str]]) -> None:
+    """Add the current span's ``traceparent`` to an outgoing request's headers (a provider
+    call's: the provider's own spans then join the trace, under its GenAI span)."""
+    if not _SWITCHES.enabled:
+        return
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    headers.extend(carrier.items())
+
+
 def _parent(traceparent: str | None) -> SpanContext | None:
     if not traceparent:
         return None

@@ -26,6 +26,8 @@ from collections.abc import AsyncIterator, Awaitable, Iterator
 import aiohttp
 import httpx
 
+from conductor.tracing import inject_traceparent
+
 CHUNK_BYTES = 64 * 1024
 # Idle connections are dropped before the servers commonly drop them (uvicorn, under vLLM,
 # LiteLLM and this project's API, after 5 s): a request sent on a connection the server is
@@ -126,11 +128,13 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         timeouts = request.extensions.get("timeout", {})
         content = await request.aread()
+        headers = request.headers.multi_items()
+        inject_traceparent(headers)  # the provider's spans join the call's trace
         with _as_httpx_errors(request):
             response = await self._session_here().request(
                 request.method,
                 str(request.url),
-                headers=request.headers.multi_items(),
+                headers=headers,
                 data=content or None,
                 allow_redirects=False,
                 compress=False,

@@ -10,15 +10,18 @@ On, each process exports its spans in batches (``OTEL_BSP_*``) over OTLP (the pr
 headers and timeout read by the exporter from the same variables), samples as
 ``OTEL_TRACES_SAMPLER`` says (default: parent-based, always on), and names itself by
 ``OTEL_SERVICE_NAME``, else ``conductor-ROLE``. The libraries it speaks through are
-instrumented with OpenTelemetry's own instrumentations: aiohttp (provider calls; httpx is
-only the interface over it, so one span per call), gRPC (planner, gRPC door), FastAPI (the
-API's requests, honouring a client's ``traceparent``), SQLAlchemy and Redis. The last two
-make a span per statement or command, most of a trace and a good part of its cost, so they
-are off unless ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` is set (the variable lists the ones
-to leave off; set empty, every one is on). Celery's is not used: this system's messages go
-through a transactional outbox and are sent later by a relay or a sweeper, where the
-sending context is not the workflow's; each message carries its workflow's ``traceparent``
-instead (``conductor.tracing``). Log records carry ``trace_id`` and ``span_id``.
+instrumented with OpenTelemetry's own instrumentations: gRPC (planner, gRPC door), FastAPI
+(the API's requests, honouring a client's ``traceparent``), aiohttp (provider calls; httpx
+is only the interface over it), SQLAlchemy and Redis. The last three are off unless
+``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS`` is set (the variable lists the ones to leave off;
+set empty, every one is on): SQLAlchemy and Redis make a span per statement or command, most
+of a trace and a good part of its cost; a provider call's GenAI span is already its client
+span, and an HTTP span under it would double what each call costs to trace, so the provider
+client sends the ``traceparent`` itself (``conductor.tracing.inject_traceparent``).
+Celery's is not used: this system's messages go through a transactional outbox and are sent
+later by a relay or a sweeper, where the sending context is not the workflow's; each message
+carries its workflow's ``traceparent`` instead (``conductor.tracing``). Log records carry
+``trace_id`` and ``span_id``.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ logger = logging.getLogger(__name__)
 EXPORTERS = ("otlp", "console")
 INSTRUMENTATIONS = ("aiohttp-client", "grpc", "fastapi", "sqlalchemy", "redis", "logging")
 # Left off unless OTEL_PYTHON_DISABLED_INSTRUMENTATIONS says otherwise (see the docstring).
-DISABLED_BY_DEFAULT = frozenset({"sqlalchemy", "redis"})
+DISABLED_BY_DEFAULT = frozenset({"sqlalchemy", "redis", "aiohttp-client"})
 LOG_FORMAT_SUFFIX = " [trace_id=%(otelTraceID)s span_id=%(otelSpanID)s]"
 NO_IDS = {"otelTraceID": "0", "otelSpanID": "0"}
 # URLs whose requests make no span: probes and scrapes, many per minute, none a request.

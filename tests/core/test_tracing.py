@@ -243,7 +243,7 @@ def test_exporters_come_from_the_standard_variables(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin")
     with pytest.raises(ConfigurationError, match="unsupported exporter zipkin"):
         telemetry.exporters_from_env()
-    assert telemetry.disabled_instrumentations() == {"sqlalchemy", "redis"}
+    assert telemetry.disabled_instrumentations() == {"sqlalchemy", "redis", "aiohttp-client"}
     monkeypatch.setenv("OTEL_PYTHON_DISABLED_INSTRUMENTATIONS", "")
     assert telemetry.disabled_instrumentations() == frozenset()
 
