@@ -774,7 +774,7 @@ def medians(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
 
 
 def report_medians(rows: list[dict[str, Any]]) -> None:
-    print(f"median of {rows[0]['runs']} runs:" if rows else "no runs")
+    print(f"median of {rows[0]['runs']} measurements of each:" if rows else "no runs")
     for row in rows:
         print(
             f"{row['path']:44} {row['mode']:10} p50 {row['p50_ms']:8.2f} ms  "
