@@ -45,6 +45,7 @@ INSTRUMENTATIONS = ("aiohttp-client", "grpc", "fastapi", "sqlalchemy", "redis", 
 DISABLED_BY_DEFAULT = frozenset({"sqlalchemy", "redis", "aiohttp-client"})
 LOG_FORMAT_SUFFIX = " [trace_id=%(otelTraceID)s span_id=%(otelSpanID)s]"
 NO_IDS = {"otelTraceID": "0", "otelSpanID": "0"}
+ROLE = "conductor.role"  # on every span, and on the resource
 # URLs whose requests make no span: probes and scrapes, many per minute, none a request.
 EXCLUDED_URLS = "/healthz,/readyz,/livez,/metrics"
 
@@ -126,7 +127,21 @@ def new_tracer_provider(role: str) -> TracerProvider:
 
     name = _env("OTEL_SERVICE_NAME") or f"conductor-{role}"
     resource = Resource.create({"service.name": name, "conductor.role": role})
-    return TracerProvider(resource=resource, id_generator=_preset_id_generator())
+    provider = TracerProvider(resource=resource, id_generator=_preset_id_generator())
+    provider.add_span_processor(_role_marker(role))
+    return provider
+
+
+def _role_marker(role: str) -> Any:
+    """A processor naming the role on each span: backends that keep a span's attributes but
+    not its resource (Arize Phoenix, for one) still show which process wrote it."""
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class RoleMarker(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            span.set_attribute(ROLE, role)
+
+    return RoleMarker()
 
 
 def _preset_id_generator() -> Any:

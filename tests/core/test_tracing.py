@@ -100,6 +100,7 @@ def test_a_workflow_is_one_trace_of_nested_spans_with_genai_attributes(
     workflow = got["workflow"]
     # In the client's trace, under its span.
     assert {s.context.trace_id for s in got.values()} == {int(CLIENT_TRACE, 16)}
+    assert {dict(s.attributes or {})[telemetry.ROLE] for s in got.values()} == {"test"}
     assert _parent_id(workflow) == int("b7ad6b7169203331", 16)
     ids = workflow.context.span_id
     assert _parent_id(got["plan round 0"]) == ids

@@ -226,9 +226,9 @@ def test_serve_sends_one_trace_per_request_to_phoenix(
             )
         wanted = {"workflow", "plan round 0", "step 0 solver", "step 1 checker", "chat checker"}
         traced = Traced(phoenix.wait_for_spans(project, trace_id, wanted))
-        _check_workflow_trace(
-            traced, client_span, trace_id, "default", providers[1]
-        )  # an open server
+        # An open server: its tenant is "default".
+        _check_workflow_trace(traced, client_span, trace_id, "default", providers[1])
+        assert {s["attributes"]["conductor.role"] for s in traced.spans} == {"serve"}
         _check_failed_call(phoenix, project, failed_trace)
     finally:
         serve.stop()
@@ -303,6 +303,11 @@ def test_distributed_roles_send_one_trace_per_request_to_phoenix(
     _check_workflow_trace(traced, client_span, trace_id, "acme", providers[1])
     # Every role: the API's request, the aggregator's workflow and round, the planner's
     # gRPC server span under the aggregator's client span, the gateway's steps.
+    role = {s["name"]: s["attributes"]["conductor.role"] for s in traced.spans}
+    assert role["POST /v1/chat/completions"] == "api"
+    assert role["workflow"] == role["plan round 0"] == "aggregator"
+    assert role["chat fake-conductor"] == "planner"
+    assert role["step 0 solver"] == role["chat checker"] == "gateway"
     rpcs = [s for s in traced.spans if s["name"] == plan_rpc]
     assert len(rpcs) == 2  # client (aggregator) and server (planner)
     ids = {s["context"]["span_id"] for s in rpcs}
