@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
@@ -247,29 +247,32 @@ def record_workflow_span(
 
 
 @contextmanager
-def planning_span(round_no: int, traceparent: str | None = None) -> Iterator[Span | None]:
+def _current_span(
+    name: str, traceparent: str | None, attributes: dict[str, Any]
+) -> Iterator[Span | None]:
+    """A span current while it lasts, under ``traceparent``'s (else the current one); None
+    when tracing is off."""
+    if not _SWITCHES.enabled:
+        yield None
+        return
+    with TRACER.start_as_current_span(
+        name, context=context_of(traceparent), attributes=attributes
+    ) as span:
+        yield span
+
+
+def planning_span(
+    round_no: int, traceparent: str | None = None
+) -> AbstractContextManager[Span | None]:
     """A planning round: the Conductor's call. ``traceparent``: its workflow's (distributed)."""
-    if not _SWITCHES.enabled:
-        yield None
-        return
-    with TRACER.start_as_current_span(
-        f"plan round {round_no}", context=context_of(traceparent), attributes={ROUND: round_no}
-    ) as span:
-        yield span
+    return _current_span(f"plan round {round_no}", traceparent, {ROUND: round_no})
 
 
-@contextmanager
-def step_span(step: int, worker: str, traceparent: str | None = None) -> Iterator[Span | None]:
+def step_span(
+    step: int, worker: str, traceparent: str | None = None
+) -> AbstractContextManager[Span | None]:
     """One workflow step, around its worker call and retries (``traceparent``: distributed)."""
-    if not _SWITCHES.enabled:
-        yield None
-        return
-    with TRACER.start_as_current_span(
-        f"step {step} {worker}",
-        context=context_of(traceparent),
-        attributes={STEP: step, WORKER: worker},
-    ) as span:
-        yield span
+    return _current_span(f"step {step} {worker}", traceparent, {STEP: step, WORKER: worker})
 
 
 def end_step(span: Span | None, cost_usd: float | None, error: str | None) -> None:
@@ -285,16 +288,9 @@ def end_step(span: Span | None, cost_usd: float | None, error: str | None) -> No
         span.set_status(Status(StatusCode.ERROR, kind))
 
 
-@contextmanager
-def call_span(traceparent: str | None, worker: str) -> Iterator[Span | None]:
+def call_span(traceparent: str | None, worker: str) -> AbstractContextManager[Span | None]:
     """A pass-through call of one worker through a gateway, under its request's span."""
-    if not _SWITCHES.enabled:
-        yield None
-        return
-    with TRACER.start_as_current_span(
-        f"call {worker}", context=context_of(traceparent), attributes={WORKER: worker}
-    ) as span:
-        yield span
+    return _current_span(f"call {worker}", traceparent, {WORKER: worker})
 
 
 def add_event(name: str, attributes: dict[str, Any]) -> None:
