@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from e2e.test_distributed_stack import ULTRA, _client, _repeated_calls, _stack, plan_responder
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 
 from conductor_adapters.store.db import make_engine
 from conductor_adapters.store.runs import SubmitRequest, submit_workflow
@@ -152,6 +152,7 @@ def test_steady_load_through_random_kills_and_a_redis_restart_ends_every_workflo
             rows = conn.execute(
                 text("SELECT id, status, error FROM workflow WHERE id = ANY(:ids)"), {"ids": ids}
             ).all()
+            stuck = _where_they_stand(conn, pending)
     finally:
         done.set()
         stack.stop()
@@ -169,7 +170,7 @@ def test_steady_load_through_random_kills_and_a_redis_restart_ends_every_workflo
         f"{sum(in_flight_at_faults)}"
     )
     # Then none is stuck: every workflow completed, or failed with its reason
-    assert not pending, f"{len(pending)} of {len(ids)} workflows still running: {kills}"
+    assert not pending, f"{len(pending)} of {len(ids)} workflows still running: {kills}\n{stuck}"
     assert len(rows) == len(ids)
     for row in rows:
         assert row.status in {"completed", "failed"}, row
@@ -179,3 +180,31 @@ def test_steady_load_through_random_kills_and_a_redis_restart_ends_every_workflo
     # and the provider was paid twice only for calls in flight when a gateway or Redis died
     assert repeated <= sum(in_flight_at_faults)
     assert "redis" in kills
+
+
+def _where_they_stand(conn: Connection, pending: set[uuid.UUID]) -> str:
+    """For a failure's message: each stuck workflow's run (the round it waits a plan for, its
+    steps' sends, its next deadline) and its messages still in the outbox."""
+    lines = []
+    for workflow_id in sorted(pending, key=str):
+        run = conn.execute(
+            text(
+                "SELECT status, next_deadline_at, state->'planning_round' AS planning_round, "
+                "state->'plan_requests' AS plan_requests, state->'dispatches' AS dispatches "
+                "FROM workflow_run WHERE workflow_id = :id"
+            ),
+            {"id": workflow_id},
+        ).one_or_none()
+        steps = conn.execute(
+            text('SELECT "index", status FROM step WHERE workflow_id = :id ORDER BY "index"'),
+            {"id": workflow_id},
+        ).all()
+        staged = conn.execute(
+            text("SELECT task, created_at FROM outbox WHERE workflow_id = :id ORDER BY id"),
+            {"id": workflow_id},
+        ).all()
+        lines.append(
+            f"{workflow_id}: run {run._asdict() if run else None}; steps "
+            f"{[tuple(step) for step in steps]}; outbox {[tuple(row) for row in staged]}"
+        )
+    return "\n".join(lines)

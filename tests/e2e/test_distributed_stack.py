@@ -395,6 +395,52 @@ def test_a_gateway_and_an_aggregator_killed_mid_run_lose_nothing(
     assert len(workers.chat_requests) > 20  # 10 workflows of 2-3 steps, plus the redone calls
 
 
+def test_an_aggregator_killed_while_it_plans_has_the_round_planned_within_seconds(
+    tmp_path: Path,
+    fakes: tuple[FakeOpenAIServer, FakeOpenAIServer],
+    postgres_url: str,
+    redis_url: str,
+    redis_prefix: str,
+) -> None:
+    # Given one aggregator, which plans each workflow's first round in the thread that started
+    # it, and a Conductor that takes 2 s a plan
+    planner = fakes[0]
+    planner.latency_s = 2.0
+    stack = _stack(
+        tmp_path,
+        fakes,
+        database_url=postgres_url,
+        broker_url=redis_url,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        env={"CONDUCTOR_BROKER_VISIBILITY_TIMEOUT_S": "10"},
+    )
+    engine = make_engine(postgres_url)
+
+    def kill_and_restart() -> None:
+        aggregator = stack.get("aggregator-0")
+        aggregator.kill()
+        aggregator.start()
+
+    # When it is killed while the planner works on those rounds, and started again
+    ids = _run_through_fault(
+        stack,
+        engine,
+        redis_url,
+        redis_prefix=redis_prefix,
+        count=3,
+        ready=lambda: planner.in_flight >= 1,
+        fault=kill_and_restart,
+        # The rounds' messages wait out the dead process's lease (10 s) and the sweepers' grace
+        # (10 s), then a plan and a second round of 2 s each; staged for the planner's whole
+        # timeout, they waited 300 s.
+        within_s=45,
+    )
+    # Then every workflow completed
+    _assert_all_ended_well(_check_traces(engine, ids))
+    engine.dispose()
+
+
 @pytest.mark.parametrize("broker", ["rabbitmq", "redis"])
 def test_redis_restarted_mid_run_loses_nothing(
     tmp_path: Path,

@@ -37,7 +37,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import httpx
 import redis
@@ -166,6 +166,7 @@ class Aggregator:
         # (``_change_once``); False sends it through the queue like every other round.
         self.plan_on_start = plan_on_start
         self.sent_rows = outbox.SentRows(engine)
+        self.leases = outbox.Leases(engine)  # the rounds this process plans itself
 
     def deliver_webhook(self, delivery_id: str) -> None:
         """One attempt at a webhook delivery (a failed one is claimed again when due)."""
@@ -181,6 +182,7 @@ class Aggregator:
             self.loop.run(aclose(), timeout_s=10)
         self.loop.stop()
         self.sent_rows.close()
+        self.leases.close()
         if self.redis is not None:
             self.redis.close()
         if self.broker_watch is not None:
@@ -414,8 +416,9 @@ class Aggregator:
         """One transaction; then what it calls for goes out. ``plan_here``: a planning round
         it calls for is asked of the planner by this thread, after the commit, rather than
         sent through the queue to this or another aggregator (a publish, a delivery and a
-        read of the workflow fewer). Its message is staged all the same, dated when that
-        planning must have ended: should this process die first, a sweeper sends it then."""
+        read of the workflow fewer). Its message is staged all the same, under a lease this
+        process renews while it plans (``outbox.Leases``): should it die first, a sweeper
+        sends the message within seconds."""
         with self.engine.begin() as conn:
             run = lock_run(conn, workflow_id)
             if run is None:
@@ -434,9 +437,9 @@ class Aggregator:
             now = utcnow()
             here = [m for m in messages if plan_here and m.task == PLAN_ROUND_TASK]
             staged = outbox.stage(conn, workflow_id, [m for m in messages if m not in here], now)
-            planning_ends = now + timedelta(seconds=self.planner_timeout_s)
-            staged_here = outbox.stage(conn, workflow_id, here, planning_ends)
+            staged_here = outbox.stage(conn, workflow_id, here, outbox.Leases.expiry(now))
         # Committed: what it calls for goes out now (or, failing that, by a sweeper).
+        self.leases.hold([item.id for item in staged_here])
         self.sent_rows.add(self._send_staged(staged))
         if self.metrics is not None:  # committed: counted once
             self.metrics.record(machine.result, events)
@@ -463,6 +466,8 @@ class Aggregator:
         except PlannerError:  # retryable (plan() handles the rest)
             self.sent_rows.add(self._send_staged([item]))
             return
+        finally:
+            self.leases.release([item.id])
         self.sent_rows.add([item.id])
 
     def _send_staged(self, staged: list[outbox.Staged]) -> list[int]:
