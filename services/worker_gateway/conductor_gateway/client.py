@@ -57,6 +57,7 @@ class QueuedStepRunner:
         self._names = worker_names or frozenset(w.name for w in pool.available())
         self._waiting: dict[str, asyncio.Future[CallReply]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._closing = False
 
     @property
     def worker_names(self) -> frozenset[str]:
@@ -125,10 +126,14 @@ class QueuedStepRunner:
 
     def _ensure_reader(self) -> None:
         if self._reader is None or self._reader.done():
+            self._closing = False
             self._reader = asyncio.create_task(self._read_replies())
 
     async def _read_replies(self) -> None:
-        while True:
+        # Stopped between reads (each waits 1 s at most), never cancelled mid-command: a
+        # cancelled BLPOP could leave its connection with a reply the next command would read,
+        # and was seen to hang the cancel for seconds.
+        while not self._closing:
             try:
                 item = await self.redis.blpop([self.reply_to], timeout=1)
             except aioredis.RedisError as exc:  # Redis restarting: keep waiting, replies keep
@@ -144,14 +149,16 @@ class QueuedStepRunner:
             # Else a duplicate (a redelivered call answered twice) or a call that gave up.
 
     async def aclose(self, timeout_s: float = 5.0) -> None:
-        """Stop reading replies. Bounded: a reader stuck on a Redis connection that does not
-        close is left behind with a warning rather than holding up the caller's shutdown."""
+        """Stop reading replies: the reader stops after its current read (1 s at most).
+        Bounded: a reader stuck on a Redis connection that does not answer is cancelled and
+        left behind with a warning rather than holding up the caller's shutdown."""
         reader, self._reader = self._reader, None
         if reader is None or reader.done():
             return
-        reader.cancel()
+        self._closing = True
         done, _ = await asyncio.wait({reader}, timeout=timeout_s)
         if not done:
+            reader.cancel()
             logger.warning("the gateway reply reader did not stop within %g s", timeout_s)
             return
         with contextlib.suppress(asyncio.CancelledError):
