@@ -40,7 +40,7 @@ from conductor.workflow import AttemptRecord, PlanOutcome, WorkflowStatus
 from conductor_adapters.loop_thread import LoopThread
 from conductor_adapters.store.db import make_engine, upgrade
 from conductor_adapters.store.models import attempt_table, event_table, outbox_table, step_table
-from conductor_adapters.store.outbox import GRACE_S
+from conductor_adapters.store.outbox import GRACE_S, LEASE_S
 from conductor_adapters.store.runs import SubmitRequest, load_run, record_submission
 from conductor_adapters.store.traces import TraceWrites
 from conductor_aggregator.metrics import AggregatorMetrics
@@ -81,7 +81,8 @@ class RecordingApp:
         return taken
 
 
-# Aggregators a test built: the thread deleting their sent rows stops before the database goes.
+# Aggregators a test built: their threads (deleting sent rows, renewing leases) stop before the
+# database goes.
 _built: list[Aggregator] = []
 
 
@@ -91,7 +92,9 @@ def engine(postgres_url: str) -> Iterator[Engine]:
     engine = make_engine(postgres_url)
     yield engine
     while _built:
-        _built.pop().sent_rows.close()
+        built = _built.pop()
+        built.sent_rows.close()
+        built.leases.close()
     engine.dispose()
 
 
@@ -655,21 +658,22 @@ def test_a_first_round_the_planner_cannot_take_now_goes_through_the_queue(
     assert planner.calls == 2
 
 
-def test_a_first_round_whose_aggregator_died_is_sent_by_a_sweeper_after_its_planning_time(
+def test_a_first_round_whose_aggregator_died_is_sent_by_a_sweeper_once_its_lease_lapses(
     engine: Engine, loop: LoopThread, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given an aggregator that dies after committing a start and before planning its round
+    # Given an aggregator that dies after committing a start and before planning its round:
+    # the round's row no longer has its lease renewed
     aggregator, app = _aggregator(engine, loop, [TWO_STEPS], plan_on_start=True)
     monkeypatch.setattr(aggregator, "_plan_here", lambda *args: None)
     workflow_id = _submit(engine)
     aggregator.start(workflow_id)
+    aggregator.leases.close()
     assert app.sent == []
 
-    # When sweepers look past a sent message's grace, then past the planner's time as well
+    # When sweepers look past a sent message's grace, then past the lease as well
     aggregator.sweep(utcnow() + timedelta(seconds=GRACE_S + 1))
     assert app.take(PLAN_ROUND_TASK) == []  # it may still be planning: nobody plans it twice
-    later = timedelta(seconds=aggregator.planner_timeout_s + GRACE_S + 1)
-    aggregator.sweep(utcnow() + later)
+    aggregator.sweep(utcnow() + timedelta(seconds=LEASE_S + GRACE_S + 1))
 
     # Then the round is sent once, and planned by whoever takes it
     [plan] = app.take(PLAN_ROUND_TASK)
