@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import openai
 import pytest
 import yaml
 from openai import OpenAI
 
+from conductor_adapters.rpc.v1 import workflows_pb2, workflows_pb2_grpc
 from conductor_adapters.store.db import make_engine, upgrade
 from conductor_adapters.store.keys import create_key
 from conductor_cli.local_stack import LocalStack, ServiceProcess, free_port
@@ -224,7 +226,7 @@ def test_serve_sends_one_trace_per_request_to_phoenix(
     }
     serve = start_api_role("serve", tmp_path / "serve.log", env)
     try:
-        url, _ = announced_addresses(serve)
+        url, grpc_address = announced_addresses(serve)
         trace_id, client_span, traceparent = _traceparent()
         answer = _client(url, "open", traceparent).chat.completions.create(
             model="conductor-ultra", messages=[{"role": "user", "content": QUESTION}]
@@ -241,8 +243,29 @@ def test_serve_sends_one_trace_per_request_to_phoenix(
         _check_workflow_trace(traced, client_span, trace_id, "default", providers[1])
         assert {s["attributes"]["conductor.role"] for s in traced.spans} == {"serve"}
         _check_failed_call(phoenix, project, failed_trace)
+        _check_grpc_door(phoenix, project, grpc_address)
     finally:
         serve.stop()
+
+
+def _check_grpc_door(phoenix: Phoenix, project: str, address: str) -> None:
+    """A workflow submitted over gRPC with the client's traceparent in its metadata runs
+    under the door's server span, in the client's trace."""
+    trace_id, client_span, traceparent = _traceparent()
+    with grpc.insecure_channel(address) as channel:
+        stub = workflows_pb2_grpc.WorkflowsStub(channel)
+        stub.Submit(
+            workflows_pb2.SubmitRequest(question=QUESTION, variant="conductor-ultra"),
+            metadata=(("authorization", "Bearer open"), ("traceparent", traceparent)),
+            timeout=30,
+        )
+    submit = "/conductor.v1.Workflows/Submit"
+    traced = Traced(phoenix.wait_for_spans(project, trace_id, {submit, "workflow", "chat checker"}))
+    server = traced.named(submit)
+    assert server["parent_id"] == client_span
+    workflow = traced.named("workflow")
+    assert workflow["parent_id"] == server["context"]["span_id"]
+    assert workflow["attributes"]["conductor.workflow.status"] == "completed"
 
 
 # -- distributed -------------------------------------------------------------------------------
