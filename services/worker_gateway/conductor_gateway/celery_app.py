@@ -102,6 +102,8 @@ REPLY_KEEP_S = 1800  # a recorded answer outlives the step's deadline (600 s by 
 HOLD_S = 120.0  # answers kept in memory to write again should Redis lose them
 CLAIM_TRIES_S = 5.0  # how long a claim is tried while Redis is unreachable before calling anyway
 RESEND_GRACE_S = 4.0  # a resend waits up to this for claims and answers a Redis loss took
+WATCH_READ_S = 1.0  # the ended-workflow watch's longest wait for a notice, so it sees a close
+CLOSE_WAIT_S = 5.0  # how long close() waits for the watch and the keeper to stop
 
 
 class GatewayProcess:
@@ -137,6 +139,9 @@ class GatewayProcess:
         # Calls in flight per workflow, cancelled when the aggregator says the workflow ended.
         self._in_flight: dict[str, set[asyncio.Task[Any]]] = {}
         self._ended_calls: set[asyncio.Task[Any]] = set()  # cancelled for that reason
+        # Set by close(): the watch and the keeper stop between their Redis commands (each
+        # waits 1 s at most) rather than being cancelled in one, which was seen to hang.
+        self._closing = False
         self._ended_watch = self.loop.run(self._start_ended_watch())
         self._keeper = self.loop.run(self._start_keeper())
 
@@ -153,7 +158,7 @@ class GatewayProcess:
         again the claims and the answers recorded in the last ``HOLD_S``."""
         prefix, lease_ms = self.settings.redis_prefix, int(CLAIM_LEASE_S * 1000)
         pause = CLAIM_RENEW_S
-        while True:
+        while not self._closing:
             await asyncio.sleep(pause)
             pause = CLAIM_RENEW_S
             now = time.monotonic()
@@ -185,12 +190,15 @@ class GatewayProcess:
         """Cancel the calls of each workflow the aggregator names as ended; resubscribes after a
         Redis outage (a notice missed then only lets a call finish unused)."""
         channel = ended_channel(self.settings.redis_prefix)
-        while True:
+        while not self._closing:
             try:
                 async with self.redis.pubsub() as pubsub:
                     await pubsub.subscribe(channel)
-                    async for message in pubsub.listen():
-                        if message["type"] == "message":
+                    while not self._closing:
+                        message = await pubsub.get_message(
+                            ignore_subscribe_messages=True, timeout=WATCH_READ_S
+                        )
+                        if message is not None and message["type"] == "message":
                             self._cancel_workflow(message["data"].decode())
             except (OSError, aioredis.RedisError) as exc:
                 logger.warning("ended-workflow notices lost (%s); subscribing again", exc)
@@ -430,9 +438,12 @@ class GatewayProcess:
 
     def close(self) -> None:
         async def shutdown() -> None:
-            self._ended_watch.cancel()
-            self._keeper.cancel()
-            await asyncio.gather(self._ended_watch, self._keeper, return_exceptions=True)
+            self._closing = True
+            tasks = {self._ended_watch, self._keeper}
+            _, stuck = await asyncio.wait(tasks, timeout=CLOSE_WAIT_S)
+            for task in stuck:  # a Redis that does not answer: left behind, said
+                task.cancel()
+                logger.warning("%s did not stop within %g s", task.get_name(), CLOSE_WAIT_S)
             await self.gateway.aclose()
             # A client given its pool keeps it open on aclose() unless told: its sockets leaked.
             await self.redis.aclose(close_connection_pool=True)
