@@ -321,6 +321,28 @@ def _run_through_fault(
     return ids
 
 
+def _stack_to_kill(
+    tmp_path: Path,
+    fakes: tuple[FakeOpenAIServer, FakeOpenAIServer],
+    postgres_url: str,
+    broker_url: str,
+    redis_url: str,
+    redis_prefix: str,
+) -> tuple[LocalStack, Engine]:
+    """One process of each role, with a 10 s visibility timeout (on the Redis broker a killed
+    consumer's messages come back after it); and an engine on the stack's database."""
+    stack = _stack(
+        tmp_path,
+        fakes,
+        database_url=postgres_url,
+        broker_url=broker_url,
+        redis_url=redis_url,
+        redis_prefix=redis_prefix,
+        env={"CONDUCTOR_BROKER_VISIBILITY_TIMEOUT_S": "10"},
+    )
+    return stack, make_engine(postgres_url)
+
+
 def _running_steps(engine: Engine) -> int:
     with engine.connect() as conn:
         count = conn.execute(text("SELECT count(*) FROM step WHERE status = 'running'")).scalar()
@@ -357,16 +379,9 @@ def test_a_gateway_and_an_aggregator_killed_mid_run_lose_nothing(
     workers = fakes[1]
     workers.latency_s = 2.0
     broker_url = _amqp_url(request) if broker == "rabbitmq" else redis_url
-    stack = _stack(
-        tmp_path,
-        fakes,
-        database_url=postgres_url,
-        broker_url=broker_url,
-        redis_url=redis_url,
-        redis_prefix=redis_prefix,
-        env={"CONDUCTOR_BROKER_VISIBILITY_TIMEOUT_S": "10"},
+    stack, engine = _stack_to_kill(
+        tmp_path, fakes, postgres_url, broker_url, redis_url, redis_prefix
     )
-    engine = make_engine(postgres_url)
 
     def kill_and_replace() -> None:
         aggregator = stack.get("aggregator-0")
@@ -406,16 +421,9 @@ def test_an_aggregator_killed_while_it_plans_has_the_round_planned_within_second
     # it, and a Conductor that takes 2 s a plan
     planner = fakes[0]
     planner.latency_s = 2.0
-    stack = _stack(
-        tmp_path,
-        fakes,
-        database_url=postgres_url,
-        broker_url=redis_url,
-        redis_url=redis_url,
-        redis_prefix=redis_prefix,
-        env={"CONDUCTOR_BROKER_VISIBILITY_TIMEOUT_S": "10"},
+    stack, engine = _stack_to_kill(
+        tmp_path, fakes, postgres_url, redis_url, redis_url, redis_prefix
     )
-    engine = make_engine(postgres_url)
 
     def kill_and_restart() -> None:
         aggregator = stack.get("aggregator-0")
