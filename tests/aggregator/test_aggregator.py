@@ -658,6 +658,26 @@ def test_a_first_round_the_planner_cannot_take_now_goes_through_the_queue(
     assert planner.calls == 2
 
 
+def test_a_round_left_unplanned_by_an_error_after_its_commit_is_not_held_by_its_lease(
+    engine: Engine, loop: LoopThread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an aggregator whose announcement fails after the start's commit, before planning
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS], plan_on_start=True)
+
+    def fail(*args: Any) -> None:
+        raise RuntimeError("announcing failed")
+
+    monkeypatch.setattr(aggregator, "_announce", fail)
+    workflow_id = _submit(engine)
+    with pytest.raises(RuntimeError, match="announcing failed"):
+        aggregator.start(workflow_id)
+
+    # Then the round's row is no longer leased, and a sweeper sends it once the lease lapses
+    assert aggregator.leases.renew() == 0
+    aggregator.sweep(utcnow() + timedelta(seconds=LEASE_S + GRACE_S + 1))
+    assert app.take(PLAN_ROUND_TASK) == [[str(workflow_id), 0]]
+
+
 def test_a_first_round_whose_aggregator_died_is_sent_by_a_sweeper_once_its_lease_lapses(
     engine: Engine, loop: LoopThread, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -438,16 +438,21 @@ class Aggregator:
             here = [m for m in messages if plan_here and m.task == PLAN_ROUND_TASK]
             staged = outbox.stage(conn, workflow_id, [m for m in messages if m not in here], now)
             staged_here = outbox.stage(conn, workflow_id, here, outbox.Leases.expiry(now))
-        # Committed: what it calls for goes out now (or, failing that, by a sweeper).
-        self.leases.hold([item.id for item in staged_here])
-        self.sent_rows.add(self._send_staged(staged))
-        if self.metrics is not None:  # committed: counted once
-            self.metrics.record(machine.result, events)
-        self._announce(workflow_id, [e for e in events if e.sequence])
-        if any(event.kind.final for event in events):
-            record_workflow_span(machine.result, run.request.tenant, run.request.trace_parent)
-        for item in staged_here:
-            self._plan_here(workflow_id, item, machine, run.request.trace_parent)
+        # Committed: what it calls for goes out now (or, failing that, by a sweeper). The
+        # leases end however this ends: a round left unplanned by an error goes to a sweeper.
+        held = [item.id for item in staged_here]
+        self.leases.hold(held)
+        try:
+            self.sent_rows.add(self._send_staged(staged))
+            if self.metrics is not None:  # committed: counted once
+                self.metrics.record(machine.result, events)
+            self._announce(workflow_id, [e for e in events if e.sequence])
+            if any(event.kind.final for event in events):
+                record_workflow_span(machine.result, run.request.tenant, run.request.trace_parent)
+            for item in staged_here:
+                self._plan_here(workflow_id, item, machine, run.request.trace_parent)
+        finally:
+            self.leases.release(held)
 
     def _plan_here(
         self,
@@ -466,8 +471,6 @@ class Aggregator:
         except PlannerError:  # retryable (plan() handles the rest)
             self.sent_rows.add(self._send_staged([item]))
             return
-        finally:
-            self.leases.release([item.id])
         self.sent_rows.add([item.id])
 
     def _send_staged(self, staged: list[outbox.Staged]) -> list[int]:
