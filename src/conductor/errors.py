@@ -62,6 +62,9 @@ class DatabaseUnavailableError(ConductorError):
 class ProcessStartError(ConductorError):
     """A process of the local stack did not start; the message carries the end of its log."""
 
+    # Whether a port it was to listen on was taken (by another process, since it was chosen).
+    port_taken: bool = False
+
 
 class PlannerError(ConductorError):
     """A call to the Conductor planner failed. Not a WorkerError: the gateway's retries and

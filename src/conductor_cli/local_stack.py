@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 ENTRY = "from conductor_cli import main; main()"
 # Restarts of one process within a minute before the stack gives up on it.
 MAX_RESTARTS = 5
+# Starts of a process whose metrics port another process took between its choice and the bind.
+PORT_TRIES = 3
 # Where `conductor stack` and `conductor ask --distributed` look when nothing else is set.
 LOCAL_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/conductor"
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
@@ -68,6 +70,10 @@ class ServiceProcess:
     process: subprocess.Popen[bytes] | None = None
     restarted_at: list[float] = field(default_factory=list)  # monotonic times
     stopped: bool = False  # by stop(): not to be started again by a supervisor
+    # Whether it serves /metrics on a port of its own: chosen at each start, not long before
+    # (another process could take it meanwhile), as ``metrics_port``.
+    serves_metrics: bool = False
+    metrics_port: int | None = None
     _log: IO[bytes] | None = None
 
     @property
@@ -79,13 +85,27 @@ class ServiceProcess:
         return self.process is not None and self.process.poll() is None
 
     def start(self, ready_timeout_s: float = 120.0) -> Self:
+        for tries_left in reversed(range(PORT_TRIES)):
+            try:
+                return self._start_once(ready_timeout_s)
+            except ProcessStartError as exc:
+                if not (self.serves_metrics and tries_left and exc.port_taken):
+                    raise
+                logger.warning("%s: its metrics port was taken; starting it again", self.name)
+        raise AssertionError("unreachable")
+
+    def _start_once(self, ready_timeout_s: float) -> Self:
         self.stopped = False
         self._close_log()  # the handle of a run that exited on its own
         self._log = self.log_path.open("ab")
         offset = self.log_path.stat().st_size
+        env = {**os.environ, **self.env}
+        if self.serves_metrics:
+            self.metrics_port = free_port()
+            env["CONDUCTOR_METRICS_PORT"] = str(self.metrics_port)
         self.process = subprocess.Popen(
             [sys.executable, "-c", ENTRY, self.role, *self.args],
-            env={**os.environ, **self.env},
+            env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -94,9 +114,11 @@ class ServiceProcess:
         while READY_LINES[self.role] not in self._log_bytes(offset):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self._terminate()  # not stop(): a supervisor may try it again
-                raise ProcessStartError(
+                failed = ProcessStartError(
                     f"{self.name} did not start; the end of its log:\n{self.tail()}"
                 )
+                failed.port_taken = b"Address already in use" in self._log_bytes(offset)
+                raise failed
             time.sleep(0.1)
         return self
 
@@ -147,7 +169,6 @@ class LocalStack:
     # Each process serves /metrics, /healthz and /readyz on a port of its own (metrics_ports).
     metrics: bool = False
     processes: list[ServiceProcess] = field(default_factory=list)
-    metrics_ports: dict[str, int] = field(default_factory=dict)  # by process name
 
     def __post_init__(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -162,12 +183,14 @@ class LocalStack:
             *(self._gateway(i) for i in range(self.gateways)),
         ]
 
+    @property
+    def metrics_ports(self) -> dict[str, int]:
+        """The metrics port of each started process, by name."""
+        return {p.name: p.metrics_port for p in self.processes if p.metrics_port is not None}
+
     def _process(self, role: str, name: str, args: list[str]) -> ServiceProcess:
-        env = dict(self.env)
-        if self.metrics:
-            self.metrics_ports[name] = free_port()
-            env["CONDUCTOR_METRICS_PORT"] = str(self.metrics_ports[name])
-        return ServiceProcess(role, args, self.log_dir / f"{name}.log", env)
+        log = self.log_dir / f"{name}.log"
+        return ServiceProcess(role, args, log, dict(self.env), serves_metrics=self.metrics)
 
     def _gateway(self, index: int) -> ServiceProcess:
         args = ["--concurrency", str(self.gateway_concurrency), "--loglevel", "WARNING"]
