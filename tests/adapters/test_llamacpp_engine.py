@@ -49,7 +49,7 @@ def test_a_missing_gguf_file_is_a_clear_error(tmp_path: Path) -> None:
 async def test_the_real_model_writes_valid_plans_under_the_schema(max_steps: int) -> None:
     planner = ConductorPlanner(LlamaCppPlannerBackend(get_engine(BUILTIN_SMOLLM2)))
     pool = POOL if max_steps > 1 else POOL[:2]
-    outputs = []
+    own = []  # the outputs that are not an example copied (those are refused)
     valid = 0
     for question in QUESTIONS:
         outcome = await planner.plan(
@@ -66,9 +66,12 @@ async def test_the_real_model_writes_valid_plans_under_the_schema(max_steps: int
             assert outcome.plan == fallback_plan(0)
         assert outcome.usage.prompt_tokens > 500  # the prompt with its four examples
         assert outcome.usage.completion_tokens > 0
-        outputs.append(outcome.raw_output)
+        if not copies:
+            own.append(outcome.raw_output)
         valid += outcome.valid
-    assert len(set(outputs)) == len(outputs)  # generated per question, not canned
+    # Its own plans are generated per question, not canned. A copied example may come twice
+    # (sampled, it once gave the same example's plan for two of the questions).
+    assert len(set(own)) == len(own)
     assert valid >= 1  # the arithmetic and coding questions get plans of its own
 
 
