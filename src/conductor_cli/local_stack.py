@@ -85,14 +85,15 @@ class ServiceProcess:
         return self.process is not None and self.process.poll() is None
 
     def start(self, ready_timeout_s: float = 120.0) -> Self:
-        for tries_left in reversed(range(PORT_TRIES)):
+        tries = 1
+        while True:
             try:
                 return self._start_once(ready_timeout_s)
             except ProcessStartError as exc:
-                if not (self.serves_metrics and tries_left and exc.port_taken):
+                if not (self.serves_metrics and exc.port_taken and tries < PORT_TRIES):
                     raise
-                logger.warning("%s: its metrics port was taken; starting it again", self.name)
-        raise AssertionError("unreachable")
+            tries += 1
+            logger.warning("%s: its metrics port was taken; starting it again", self.name)
 
     def _start_once(self, ready_timeout_s: float) -> Self:
         self.stopped = False
