@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, Field
-from sqlalchemy import Connection, Engine, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, Row, bindparam, insert, select, update
 from standardwebhooks import Webhook
 
 from conductor.errors import InvalidRequest
@@ -139,23 +139,34 @@ def new_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
-def record_delivery(conn: Connection, result: WorkflowRecord, when: datetime) -> str | None:
+# Where a workflow's outcome is delivered: its row's columns and its key's webhook. An UPDATE
+# that ends the workflow returns them (``RETURNING``), a statement fewer than reading them.
+DELIVERY_TARGET: tuple[ColumnElement[Any], ...] = (
+    workflow_table.c.tenant,
+    workflow_table.c.key_id,
+    workflow_table.c.labels,
+    workflow_table.c.callback_url,
+    select(api_key_table.c.webhook_url)
+    .where(api_key_table.c.id == workflow_table.c.key_id)
+    .scalar_subquery()
+    .label("webhook_url"),
+    select(api_key_table.c.webhook_secret)
+    .where(api_key_table.c.id == workflow_table.c.key_id)
+    .scalar_subquery()
+    .label("webhook_secret"),
+)
+_DELIVERY_TARGET = select(*DELIVERY_TARGET).where(workflow_table.c.id == bindparam("workflow"))
+
+
+def record_delivery(
+    conn: Connection, result: WorkflowRecord, when: datetime, target: Row[Any] | None = None
+) -> str | None:
     """In the transaction that stores ``result``'s outcome: a delivery of it to the job's
     callback URL, else its key's webhook URL; None when it has neither, or its key no
-    signing secret (nothing unsigned is ever sent)."""
-    workflow, key = workflow_table, api_key_table
-    target = conn.execute(
-        select(
-            workflow.c.tenant,
-            workflow.c.key_id,
-            workflow.c.labels,
-            workflow.c.callback_url,
-            key.c.webhook_url,
-            key.c.webhook_secret,
-        )
-        .select_from(workflow.outerjoin(key, key.c.id == workflow.c.key_id))
-        .where(workflow.c.id == result.workflow_id)
-    ).first()
+    signing secret (nothing unsigned is ever sent). ``target``: its ``DELIVERY_TARGET``
+    columns as the statement that ended it returned them (else they are read)."""
+    if target is None:
+        target = conn.execute(_DELIVERY_TARGET, {"workflow": result.workflow_id}).first()
     if target is None:
         return None
     url = target.callback_url or target.webhook_url

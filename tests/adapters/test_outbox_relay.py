@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from kombu.exceptions import OperationalError as BrokerOperationalError
 from sqlalchemy import Engine, func, select
 
 from conductor.machine import utcnow
-from conductor.messaging import PLAN_ROUND_TASK, START_WORKFLOW_TASK
+from conductor.messaging import START_WORKFLOW_TASK
 from conductor.variants import get_variant
 from conductor_adapters import outbox_relay
 from conductor_adapters.outbox_relay import OutboxRelay
@@ -145,47 +144,3 @@ def test_many_staged_rows_go_out_in_batches(
         relay.close()
     assert app.sent == [(START_WORKFLOW_TASK, s.message.args) for s in staged]
     assert _rows(engine) == 0
-
-
-def test_a_leased_row_is_left_to_its_process_while_it_renews_the_lease(engine: Engine) -> None:
-    # Given a planning round's message staged under a lease (its process asks the planner
-    # itself), beside the workflow's start
-    start = _submit(engine)
-    workflow_id = start.message.args[0]
-    round_message = outbox.Message(PLAN_ROUND_TASK, "aggregator", [workflow_id, 0])
-    staged_at = utcnow()
-    with engine.begin() as conn:
-        [leased] = outbox.stage(
-            conn, uuid.UUID(workflow_id), [round_message], outbox.Leases.expiry(staged_at)
-        )
-    past_grace = staged_at + timedelta(seconds=outbox.GRACE_S + 1)
-    past_lease = staged_at + timedelta(seconds=outbox.LEASE_S + outbox.GRACE_S + 1)
-
-    def stale(now: datetime) -> list[int]:
-        with engine.begin() as sweeper:
-            return [s.id for s in outbox.take_stale(sweeper, now)]
-
-    # Then a sweep past the grace takes the start, not the leased row; past the lease, both
-    assert stale(past_grace) == [start.id]
-    assert stale(past_lease) == [start.id, leased.id]
-
-    # And while its process holds it, each renewal dates it a lease ahead again
-    leases = outbox.Leases(engine, interval_s=3600)  # renewed here, not by its thread
-    try:
-        leases.hold([leased.id])
-        time.sleep(0.05)
-        assert leases.renew() == 1
-        renewed = _created_at(engine, leased.id)
-        assert renewed > outbox.Leases.expiry(staged_at)
-        # once released (planned, or its process gone), it is no longer renewed
-        leases.release([leased.id])
-        assert leases.renew() == 0
-        assert _created_at(engine, leased.id) == renewed
-    finally:
-        leases.close()
-
-
-def _created_at(engine: Engine, row_id: int) -> datetime:
-    with engine.connect() as conn:
-        query = select(outbox_table.c.created_at).where(outbox_table.c.id == row_id)
-        return conn.execute(query).scalar_one()

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -39,9 +39,23 @@ from conductor.variants import BUILTIN_VARIANTS, Variant
 from conductor.workflow import AttemptRecord, PlanOutcome, WorkflowStatus
 from conductor_adapters.loop_thread import LoopThread
 from conductor_adapters.store.db import make_engine, upgrade
-from conductor_adapters.store.models import attempt_table, event_table, outbox_table, step_table
-from conductor_adapters.store.outbox import GRACE_S, LEASE_S
-from conductor_adapters.store.runs import SubmitRequest, load_run, record_submission
+from conductor_adapters.store.models import (
+    attempt_table,
+    event_table,
+    outbox_table,
+    run_table,
+    step_table,
+    workflow_table,
+)
+from conductor_adapters.store.outbox import GRACE_S
+from conductor_adapters.store.runs import (
+    PLAN_LEASE_S,
+    PlanLeases,
+    SubmitRequest,
+    load_run,
+    record_submission,
+    take_to_plan,
+)
 from conductor_adapters.store.traces import TraceWrites
 from conductor_aggregator.metrics import AggregatorMetrics
 from conductor_aggregator.service import REPLY_GRACE_S, Aggregator
@@ -94,7 +108,7 @@ def engine(postgres_url: str) -> Iterator[Engine]:
     while _built:
         built = _built.pop()
         built.sent_rows.close()
-        built.leases.close()
+        built.plan_leases.close()
     engine.dispose()
 
 
@@ -117,7 +131,7 @@ def _aggregator(
         planner=ConductorPlanner(ScriptedBackend(outputs=outputs)),
         loop=loop,
         pool=POOL,
-        writes=TraceWrites("postgresql", POOL),
+        writes=TraceWrites("postgresql", POOL, sole_writer=True),  # as deployed
         metrics=AggregatorMetrics(),
         plan_on_start=plan_on_start,
     )
@@ -635,6 +649,11 @@ def test_a_started_workflow_is_planned_at_once_and_every_repeat_changes_nothing(
     assert run.state is not None
     assert run.state.result.status is WorkflowStatus.COMPLETED
     assert len(run.state.result.planner_calls) == 1
+    # and its trace row, marked running when it was taken, recorded the pool it was offered
+    with engine.connect() as conn:
+        query = select(workflow_table.c.pool_snapshot).where(workflow_table.c.id == workflow_id)
+        snapshot = conn.execute(query).scalar_one()
+    assert [worker["name"] for worker in snapshot] == ["alpha", "beta"]
 
 
 def test_a_first_round_the_planner_cannot_take_now_goes_through_the_queue(
@@ -658,45 +677,99 @@ def test_a_first_round_the_planner_cannot_take_now_goes_through_the_queue(
     assert planner.calls == 2
 
 
-def test_a_round_left_unplanned_by_an_error_after_its_commit_is_not_held_by_its_lease(
+def test_a_start_whose_transaction_failed_is_taken_again_by_its_redelivered_message(
     engine: Engine, loop: LoopThread, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given an aggregator whose announcement fails after the start's commit, before planning
-    aggregator, app = _aggregator(engine, loop, [TWO_STEPS], plan_on_start=True)
+    # Given an aggregator whose transaction fails once, after the first round was planned
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS, TWO_STEPS], plan_on_start=True)
+    planner = FlakyPlanner(aggregator.planner, failures=0)  # type: ignore[arg-type]
+    aggregator.planner = planner
+    for_events = aggregator.writes.for_events
+    failures = [RuntimeError("the database went away")]
 
-    def fail(*args: Any) -> None:
-        raise RuntimeError("announcing failed")
+    def failing_once(*args: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return for_events(*args)
 
-    monkeypatch.setattr(aggregator, "_announce", fail)
+    monkeypatch.setattr(aggregator.writes, "for_events", failing_once)
     workflow_id = _submit(engine)
-    with pytest.raises(RuntimeError, match="announcing failed"):
+    with pytest.raises(RuntimeError, match="went away"):
         aggregator.start(workflow_id)
-
-    # Then the round's row is no longer leased, and a sweeper sends it once the lease lapses
-    assert aggregator.leases.renew() == 0
-    aggregator.sweep(utcnow() + timedelta(seconds=LEASE_S + GRACE_S + 1))
-    assert app.take(PLAN_ROUND_TASK) == [[str(workflow_id), 0]]
-
-
-def test_a_first_round_whose_aggregator_died_is_sent_by_a_sweeper_once_its_lease_lapses(
-    engine: Engine, loop: LoopThread, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Given an aggregator that dies after committing a start and before planning its round:
-    # the round's row no longer has its lease renewed
-    aggregator, app = _aggregator(engine, loop, [TWO_STEPS], plan_on_start=True)
-    monkeypatch.setattr(aggregator, "_plan_here", lambda *args: None)
-    workflow_id = _submit(engine)
-    aggregator.start(workflow_id)
-    aggregator.leases.close()
     assert app.sent == []
 
-    # When sweepers look past a sent message's grace, then past the lease as well
-    aggregator.sweep(utcnow() + timedelta(seconds=GRACE_S + 1))
-    assert app.take(PLAN_ROUND_TASK) == []  # it may still be planning: nobody plans it twice
-    aggregator.sweep(utcnow() + timedelta(seconds=LEASE_S + GRACE_S + 1))
+    # When its start message is delivered again (the task's retry), at once
+    aggregator.start(workflow_id)
 
-    # Then the round is sent once, and planned by whoever takes it
-    [plan] = app.take(PLAN_ROUND_TASK)
-    assert plan == [str(workflow_id), 0]
-    aggregator.plan(uuid.UUID(plan[0]), plan[1])
+    # Then it is taken, not left to its lease: planned again, its first step sent once
+    assert planner.calls == 2
     assert len(app.take(CALL_WORKER_TASK)) == 1
+    assert app.sent == []
+
+
+def test_a_workflow_whose_aggregator_died_while_planning_is_started_once_its_lease_lapses(
+    engine: Engine, loop: LoopThread
+) -> None:
+    # Given a queued workflow an aggregator took to plan, and which then died (no renewals)
+    aggregator, app = _aggregator(engine, loop, [TWO_STEPS], plan_on_start=True)
+    planner = FlakyPlanner(aggregator.planner, failures=0)  # type: ignore[arg-type]
+    aggregator.planner = planner
+    workflow_id = _submit(engine)
+    taken_at = utcnow()
+    with engine.begin() as conn:
+        assert take_to_plan(conn, workflow_id, taken_at) is not None
+
+    # When its start message comes again meanwhile, and sweepers look within the lease
+    aggregator.start(workflow_id)
+    aggregator.sweep(taken_at + timedelta(seconds=PLAN_LEASE_S - 1))
+
+    # Then nobody plans it twice
+    assert planner.calls == 0
+    assert app.sent == []
+
+    # And once the lease lapsed, a sweeper sends its start once, and whoever takes it plans
+    aggregator.sweep(taken_at + timedelta(seconds=PLAN_LEASE_S + 1))
+    assert app.take(START_WORKFLOW_TASK) == [[str(workflow_id)]]
+    aggregator.start(workflow_id)
+    assert planner.calls == 1
+    assert len(app.take(CALL_WORKER_TASK)) == 1
+
+
+def test_a_run_being_planned_is_dated_ahead_while_its_process_holds_its_lease(
+    engine: Engine,
+) -> None:
+    # Given a queued workflow taken to plan
+    workflow_id = _submit(engine)
+    taken_at = utcnow()
+    with engine.begin() as conn:
+        run = take_to_plan(conn, workflow_id, taken_at)
+        assert take_to_plan(conn, workflow_id, taken_at) is None  # taken: not twice
+    assert run is not None
+    assert run.state is None
+    leases = PlanLeases(engine, interval_s=3600)  # renewed here, not by its thread
+    try:
+        # When its process renews the lease, then releases it
+        leases.hold(workflow_id)
+        time.sleep(0.05)
+        assert leases.renew() == 1
+        renewed = _deadline(engine, workflow_id)
+        leases.release(workflow_id)
+        assert leases.renew() == 0
+    finally:
+        leases.close()
+
+    # Then each renewal dated it a lease ahead again; released, it is dated no further
+    assert renewed > taken_at + timedelta(seconds=PLAN_LEASE_S)
+    assert _deadline(engine, workflow_id) == renewed
+    with engine.connect() as conn:
+        status = conn.execute(
+            select(workflow_table.c.status).where(workflow_table.c.id == workflow_id)
+        ).scalar_one()
+    assert status == "running"  # its trace shows it taken
+
+
+def _deadline(engine: Engine, workflow_id: uuid.UUID) -> datetime:
+    with engine.connect() as conn:
+        query = select(run_table.c.next_deadline_at).where(run_table.c.workflow_id == workflow_id)
+        deadline: datetime = conn.execute(query).scalar_one()
+    return deadline

@@ -417,8 +417,8 @@ def test_an_aggregator_killed_while_it_plans_has_the_round_planned_within_second
     redis_url: str,
     redis_prefix: str,
 ) -> None:
-    # Given one aggregator, which plans each workflow's first round in the thread that started
-    # it, and a Conductor that takes 2 s a plan
+    # Given one aggregator, which plans each workflow's first round in the thread that takes
+    # its start, and a Conductor that takes 2 s a plan
     planner = fakes[0]
     planner.latency_s = 2.0
     stack, engine = _stack_to_kill(
@@ -439,9 +439,9 @@ def test_an_aggregator_killed_while_it_plans_has_the_round_planned_within_second
         count=3,
         ready=lambda: planner.in_flight >= 1,
         fault=kill_and_restart,
-        # The rounds' messages wait out the dead process's lease (10 s) and the sweepers' grace
-        # (10 s), then a plan and a second round of 2 s each; staged for the planner's whole
-        # timeout, they waited 300 s.
+        # The workflows wait out the dead process's lease on them (10 s) and a sweep (2 s),
+        # whose start messages, sent again, are planned (2 s) and run a second round (2 s).
+        # (Its first rounds' messages once waited for the planner's whole timeout, 300 s.)
         within_s=45,
     )
     # Then every workflow completed

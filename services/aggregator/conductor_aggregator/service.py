@@ -5,8 +5,10 @@ transaction: lock the workflow's run row, load its state, apply what happened, w
 numbered events, save the state, and stage what the machine now calls for (steps for the
 vendor queues, planning rounds for the aggregator queue) in the outbox table; commit; then send
 the staged messages (their rows are deleted in batches, ``outbox.SentRows``); only then is the
-message acknowledged (acks_late). A workflow's first round is planned by the thread that
-started it, after that commit, rather than through the queue (``_change_once``).
+message acknowledged (acks_late). A workflow's first round is planned by the thread that takes
+its start message, before anything is written, and one transaction then starts the workflow
+with its plan (``start``): a transaction, a publish and a delivery fewer than a start that
+sends its round through the queue.
 
 Why sends follow the commit (issue 36 #13): sent before it, a step went out from a transaction
 that could still fail or die (the broker's publish retries, a killed process, the database),
@@ -58,6 +60,7 @@ from conductor.machine import (
     MessagesLost,
     PlanFailed,
     PlanReady,
+    RequestPlan,
     StepFailed,
     StepSucceeded,
     WorkflowMachine,
@@ -86,13 +89,16 @@ from conductor_adapters.loop_thread import LoopThread
 from conductor_adapters.queue import RedisBrokerWatch
 from conductor_adapters.store import outbox
 from conductor_adapters.store.runs import (
+    PlanLeases,
     RunRow,
     active_runs,
     due_runs,
+    give_up_plan,
     lock_run,
     postpone_start,
     save_run,
     send_start,
+    take_to_plan,
 )
 from conductor_adapters.store.traces import TraceWrites
 from conductor_adapters.webhooks import attempt, claim_due
@@ -162,11 +168,11 @@ class Aggregator:
         self.planner_timeout_s = planner_timeout_s
         self.broker_watch = broker_watch
         self.metrics = metrics
-        # A started workflow's first round is planned by the thread that started it
-        # (``_change_once``); False sends it through the queue like every other round.
+        # A workflow's first round is planned by the thread that takes its start (``start``);
+        # False starts it first and sends the round through the queue like every other.
         self.plan_on_start = plan_on_start
         self.sent_rows = outbox.SentRows(engine)
-        self.leases = outbox.Leases(engine)  # the rounds this process plans itself
+        self.plan_leases = PlanLeases(engine)  # the queued runs this process plans
 
     def deliver_webhook(self, delivery_id: str) -> None:
         """One attempt at a webhook delivery (a failed one is claimed again when due)."""
@@ -182,7 +188,7 @@ class Aggregator:
             self.loop.run(aclose(), timeout_s=10)
         self.loop.stop()
         self.sent_rows.close()
-        self.leases.close()
+        self.plan_leases.close()
         if self.redis is not None:
             self.redis.close()
         if self.broker_watch is not None:
@@ -192,12 +198,58 @@ class Aggregator:
     # -- message handlers -------------------------------------------------------------------
 
     def start(self, workflow_id: uuid.UUID) -> None:
+        """Start a queued workflow. Its first round is planned first, under a lease on the run
+        (``take_to_plan``), then one transaction records the start and the plan; a planner to
+        be tried again has the workflow started without it, its round sent through the queue,
+        whose task tries again with backoff."""
+        if not self.plan_on_start:
+            self._change(workflow_id, self._beginning(workflow_id))
+            return
+        with self.engine.begin() as conn:
+            run = take_to_plan(conn, workflow_id, utcnow())
+        if run is None:
+            return  # started already, planned by another process now, or not here
+        self.plan_leases.hold(workflow_id)
+        try:
+            self._start_planned(workflow_id, run)
+        except Exception:
+            give_up_plan(self.engine, workflow_id)  # a redelivered start takes it at once
+            raise
+        finally:
+            self.plan_leases.release(workflow_id)
+
+    def _start_planned(self, workflow_id: uuid.UUID, run: RunRow) -> None:
+        machine = self._new_machine(workflow_id, run)
+        facts: list[Fact] = []
+        for action in machine.advance():  # the first round's request, unless it failed at once
+            if isinstance(action, RequestPlan):
+                trace_parent = run.request.trace_parent
+                try:
+                    facts.append(
+                        self._planned(workflow_id, machine, action.round, trace_parent, False)
+                    )
+                except PlannerError:  # retryable: the queue's task tries again with backoff
+                    self._change(workflow_id, self._beginning(workflow_id))
+                    return
+
+        def begin(conn: Connection, locked: RunRow) -> WorkflowMachine | None:
+            if locked.state is not None:
+                return None  # started meanwhile (a repeated start message), or cancelled
+            for fact in facts:
+                machine.apply(fact)
+            return machine
+
+        self._change(workflow_id, begin)
+
+    def _beginning(self, workflow_id: uuid.UUID) -> Change:
+        """The change that starts a queued workflow, its first round for the queue."""
+
         def begin(conn: Connection, run: RunRow) -> WorkflowMachine | None:
             if run.state is not None:
                 return None  # a duplicate start: it is running already (or was cancelled)
             return self._new_machine(workflow_id, run)
 
-        self._change(workflow_id, begin, plan_here=self.plan_on_start)
+        return begin
 
     def _new_machine(self, workflow_id: uuid.UUID, run: RunRow) -> WorkflowMachine:
         """The machine of a submitted run; it fails at once if its pool names workers this
@@ -224,40 +276,48 @@ class Aggregator:
     def cancel(self, workflow_id: uuid.UUID, reason: str) -> None:
         """End the workflow cancelled, started or not: a start that arrives later finds it
         finished, and the gateways stop its calls in flight when its end is announced."""
+        self._change(workflow_id, self._ending(workflow_id, Cancelled(reason)))
 
-        def cancelling(conn: Connection, run: RunRow) -> WorkflowMachine | None:
-            if run.state is None:  # not started yet: started and ended in one change
+    def _ending(self, workflow_id: uuid.UUID, fact: Aborted | Cancelled) -> Change:
+        """The change that ends a workflow with ``fact``, started or not (one not started is
+        started and ended in one change)."""
+
+        def ending(conn: Connection, run: RunRow) -> WorkflowMachine | None:
+            if run.state is None:
                 machine = self._new_machine(workflow_id, run)
-                machine.apply(Cancelled(reason))
+                machine.apply(fact)
                 return machine
             machine = WorkflowMachine(run.state)
-            return machine if machine.apply(Cancelled(reason)) else None
+            return machine if machine.apply(fact) else None
 
-        self._change(workflow_id, cancelling)
+        return ending
 
-    def plan(
-        self,
-        workflow_id: uuid.UUID,
-        round_no: int,
-        *,
-        final_try: bool = True,
-        waiting: WorkflowMachine | None = None,
-        trace_parent: str | None = None,
-    ) -> None:
+    def plan(self, workflow_id: uuid.UUID, round_no: int, *, final_try: bool = True) -> None:
         """Ask the planner for a round's plan. A retryable PlannerError is raised for the round
-        to be tried again, unless this is the final try: then the round fails with it.
-        ``waiting``: the workflow as this process just committed it (else it is read), and
-        ``trace_parent`` its request's traceparent."""
-        if waiting is None:
-            # Read under the row lock, released at once: this message can arrive before the
-            # transaction that sent it commits, and the lock waits for that commit.
-            with self.engine.begin() as conn:
-                run = lock_run(conn, workflow_id)
-            if run is None or run.state is None:
-                return
-            waiting, trace_parent = WorkflowMachine(run.state), run.request.trace_parent
+        to be tried again, unless this is the final try: then the round fails with it."""
+        # Read under the row lock, released at once: this message can arrive before the
+        # transaction that sent it commits, and the lock waits for that commit.
+        with self.engine.begin() as conn:
+            run = lock_run(conn, workflow_id)
+        if run is None or run.state is None:
+            return
+        waiting = WorkflowMachine(run.state)
         if waiting.state.finished or waiting.state.planning_round != round_no:
             return  # a duplicate, or a round already planned or given up
+        trace_parent = run.request.trace_parent
+        fact = self._planned(workflow_id, waiting, round_no, trace_parent, final_try)
+        self._apply(workflow_id, fact)
+
+    def _planned(
+        self,
+        workflow_id: uuid.UUID,
+        waiting: WorkflowMachine,
+        round_no: int,
+        trace_parent: str | None,
+        final_try: bool,
+    ) -> PlanReady | PlanFailed:
+        """The planner's answer for a round, as the fact to apply: the plan, or the round
+        failed with the reason. A retryable PlannerError is raised unless ``final_try``."""
         request = waiting.plan_request(round_no)
         parent = workflow_traceparent(workflow_id, trace_parent)
 
@@ -271,9 +331,8 @@ class Aggregator:
         except Exception as exc:
             if isinstance(exc, PlannerError) and exc.retryable and not final_try:
                 raise
-            self._apply(workflow_id, PlanFailed(round_no, str(exc) or type(exc).__name__))
-            return
-        self._apply(workflow_id, PlanReady(round_no, outcome))
+            return PlanFailed(round_no, str(exc) or type(exc).__name__)
+        return PlanReady(round_no, outcome)
 
     def step_result(self, reply: CallReply) -> None:
         context = reply.context
@@ -398,9 +457,9 @@ class Aggregator:
         """Apply one fact to a running workflow; nothing happens when it no longer applies."""
         self._change(workflow_id, _applying(fact))
 
-    def _change(self, workflow_id: uuid.UUID, change: Change, *, plan_here: bool = False) -> None:
+    def _change(self, workflow_id: uuid.UUID, change: Change) -> None:
         try:
-            self._change_once(workflow_id, change, plan_here=plan_here)
+            self._change_once(workflow_id, change)
         except DataError as exc:
             # The database refuses this data (a provider reporting more tokens than a column
             # holds, say): every retry would fail alike and send again what the change sends.
@@ -408,17 +467,10 @@ class Aggregator:
             detail = str(exc.orig).strip().partition("\n")[0] or "DataError"
             reason = f"the trace store refused this workflow's data: {detail}"
             logger.error("workflow %s: %s", workflow_id, reason)
-            self._change_once(workflow_id, _applying(Aborted(reason)))
+            self._change_once(workflow_id, self._ending(workflow_id, Aborted(reason)))
 
-    def _change_once(
-        self, workflow_id: uuid.UUID, change: Change, *, plan_here: bool = False
-    ) -> None:
-        """One transaction; then what it calls for goes out. ``plan_here``: a planning round
-        it calls for is asked of the planner by this thread, after the commit, rather than
-        sent through the queue to this or another aggregator (a publish, a delivery and a
-        read of the workflow fewer). Its message is staged all the same, under a lease this
-        process renews while it plans (``outbox.Leases``): should it die first, a sweeper
-        sends the message within seconds."""
+    def _change_once(self, workflow_id: uuid.UUID, change: Change) -> None:
+        """One transaction; then what it calls for goes out."""
         with self.engine.begin() as conn:
             run = lock_run(conn, workflow_id)
             if run is None:
@@ -434,44 +486,14 @@ class Aggregator:
             events = machine.take_events()
             self.writes.for_events(machine.result, events)(conn)
             save_run(conn, workflow_id, machine.state)
-            now = utcnow()
-            here = [m for m in messages if plan_here and m.task == PLAN_ROUND_TASK]
-            staged = outbox.stage(conn, workflow_id, [m for m in messages if m not in here], now)
-            staged_here = outbox.stage(conn, workflow_id, here, outbox.Leases.expiry(now))
-        # Committed: what it calls for goes out now (or, failing that, by a sweeper). The
-        # leases end however this ends: a round left unplanned by an error goes to a sweeper.
-        held = [item.id for item in staged_here]
-        self.leases.hold(held)
-        try:
-            self.sent_rows.add(self._send_staged(staged))
-            if self.metrics is not None:  # committed: counted once
-                self.metrics.record(machine.result, events)
-            self._announce(workflow_id, [e for e in events if e.sequence])
-            if any(event.kind.final for event in events):
-                record_workflow_span(machine.result, run.request.tenant, run.request.trace_parent)
-            for item in staged_here:
-                self._plan_here(workflow_id, item, machine, run.request.trace_parent)
-        finally:
-            self.leases.release(held)
-
-    def _plan_here(
-        self,
-        workflow_id: uuid.UUID,
-        item: outbox.Staged,
-        machine: WorkflowMachine,
-        trace_parent: str | None,
-    ) -> None:
-        """Plan a round this process staged; a planner to be tried again gets the round's
-        message sent, whose task tries again with backoff."""
-        round_no = item.message.args[1]
-        try:
-            self.plan(
-                workflow_id, round_no, final_try=False, waiting=machine, trace_parent=trace_parent
-            )
-        except PlannerError:  # retryable (plan() handles the rest)
-            self.sent_rows.add(self._send_staged([item]))
-            return
-        self.sent_rows.add([item.id])
+            staged = outbox.stage(conn, workflow_id, messages, utcnow())
+        # Committed: what it calls for goes out now (or, failing that, by a sweeper).
+        self.sent_rows.add(self._send_staged(staged))
+        if self.metrics is not None:  # committed: counted once
+            self.metrics.record(machine.result, events)
+        self._announce(workflow_id, [e for e in events if e.sequence])
+        if any(event.kind.final for event in events):
+            record_workflow_span(machine.result, run.request.tenant, run.request.trace_parent)
 
     def _send_staged(self, staged: list[outbox.Staged]) -> list[int]:
         """Send staged messages in order until the broker fails; the ids of those sent."""

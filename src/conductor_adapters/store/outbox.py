@@ -18,10 +18,10 @@ import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, delete, insert, select, update
+from sqlalchemy import Connection, Engine, delete, insert, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from conductor_adapters.periodic import Periodic
@@ -34,11 +34,6 @@ logger = logging.getLogger(__name__)
 GRACE_S = 10.0
 # How often a process deletes the rows of the messages it sent since (``SentRows``).
 FORGET_INTERVAL_S = 0.2
-# A row its own process is acting on (``Leases``) is dated this far ahead, and dated again
-# every ``LEASE_RENEW_S`` while the process lives: a sweeper sends it at most
-# ``LEASE_S + GRACE_S`` after the process died.
-LEASE_S = 10.0
-LEASE_RENEW_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -128,58 +123,6 @@ class SentRows:
         """Stop the thread and delete what is left."""
         self._thread.stop()
         self.flush()
-
-
-class Leases:
-    """Rows this process will send or forget itself, kept from the sweepers while it lives:
-    the message of a planning round the aggregator asks the planner for in its own thread. A
-    row dated past the call's whole timeout (300 s) stalled the workflow that long when the
-    process died mid-call; a lease renewed by a thread of its own lets a sweeper take the row
-    over within ``LEASE_S + GRACE_S`` of a death. Renewals that stall (the database away) only
-    let a sweeper send the message while its process still acts on it, which changes nothing
-    (a round planned ignores its repeat)."""
-
-    def __init__(self, engine: Engine, interval_s: float = LEASE_RENEW_S) -> None:
-        self._engine = engine
-        self._ids: set[int] = set()
-        self._lock = threading.Lock()
-        self._thread = Periodic("conductor-outbox-leases", self.renew, interval_s).start()
-
-    @staticmethod
-    def expiry(now: datetime) -> datetime:
-        """The date a row held from ``now`` is staged with."""
-        return now + timedelta(seconds=LEASE_S)
-
-    def hold(self, ids: Sequence[int]) -> None:
-        with self._lock:
-            self._ids.update(ids)
-
-    def release(self, ids: Sequence[int]) -> None:
-        with self._lock:
-            self._ids.difference_update(ids)
-
-    def renew(self) -> int:
-        """Date the held rows ahead again; how many are held."""
-        with self._lock:
-            ids = sorted(self._ids)
-        if not ids:
-            return 0
-        try:
-            with self._engine.begin() as conn:
-                conn.execute(_RENEW, {"ids": ids, "until": self.expiry(datetime.now(UTC))})
-        except SQLAlchemyError as exc:
-            logger.warning("cannot renew the leases of %d outbox rows (%s)", len(ids), exc)
-        return len(ids)
-
-    def close(self) -> None:
-        self._thread.stop()
-
-
-_RENEW = (
-    update(outbox_table)
-    .where(outbox_table.c.id.in_(bindparam("ids", expanding=True)))
-    .values(created_at=bindparam("until"))
-)
 
 
 def take_stale(conn: Connection, now: datetime, limit: int = 200) -> list[Staged]:

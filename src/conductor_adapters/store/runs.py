@@ -12,13 +12,16 @@ lock (``SELECT ... FOR UPDATE`` on its ``workflow_run`` row).
 
 from __future__ import annotations
 
+import logging
+import threading
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 from celery import Celery
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
-from sqlalchemy import Connection, Engine, Select, bindparam, insert, select, update
+from sqlalchemy import Connection, Engine, Select, bindparam, func, insert, select, text, update
+from sqlalchemy.exc import SQLAlchemyError
 
 from conductor.answer_format import AnswerFormat
 from conductor.chat import ToolUse
@@ -28,10 +31,18 @@ from conductor.orchestration import check_question
 from conductor.variants import Variant
 from conductor.workflow import WorkflowStatus
 from conductor_adapters.outbox_relay import send_staged
+from conductor_adapters.periodic import Periodic
 from conductor_adapters.store import outbox
 from conductor_adapters.store.models import new_workflow_values, run_table, workflow_table
 
+logger = logging.getLogger(__name__)
+
 START_GRACE_S = 30.0  # a queued workflow not started by then has its start message sent again
+# A queued run an aggregator plans before it starts it (``take_to_plan``) is dated this far
+# ahead, and again every ``PLAN_LEASE_RENEW_S`` while that process lives (``PlanLeases``): a
+# sweeper sends its start again within about ``PLAN_LEASE_S`` of the process's death.
+PLAN_LEASE_S = 10.0
+PLAN_LEASE_RENEW_S = 2.0
 
 
 class SubmitRequest(BaseModel):
@@ -225,12 +236,138 @@ def save_run(conn: Connection, workflow_id: uuid.UUID, state: WorkflowState) -> 
     )
 
 
+# A run not started: its state is the JSON null its submission wrote (SQL NULL counts too).
+_NOT_STARTED = func.coalesce(func.jsonb_typeof(run_table.c.state), "null") == "null"
+
+
 def postpone_start(conn: Connection, workflow_id: uuid.UUID, now: datetime) -> None:
+    """Date a queued run's start message, sent again, ``START_GRACE_S`` ahead; queued once
+    more, it is for whoever takes that message to plan (``take_to_plan``)."""
     conn.execute(
         update(run_table)
-        .where(run_table.c.workflow_id == workflow_id)
-        .values(next_deadline_at=now + timedelta(seconds=START_GRACE_S), updated_at=now)
+        .where(run_table.c.workflow_id == workflow_id, _NOT_STARTED)
+        .values(
+            status=WorkflowStatus.QUEUED.value,
+            next_deadline_at=now + timedelta(seconds=START_GRACE_S),
+            updated_at=now,
+        )
     )
+
+
+def take_to_plan(conn: Connection, workflow_id: uuid.UUID, now: datetime) -> RunRow | None:
+    """A queued run, for this process to plan its first round before it starts it (one
+    transaction then records both): marked running (its trace row too) and leased, dated
+    ``PLAN_LEASE_S`` ahead, which the caller's ``PlanLeases`` renews. None when it is not
+    queued: started already, planned by another process now (a repeated start message), or
+    not here. A lease its process stopped renewing lapses: the sweepers then send the start
+    message again (``postpone_start``), and whoever takes it plans."""
+    row = (
+        conn.execute(
+            _TAKE_TO_PLAN,
+            {
+                "workflow": workflow_id,
+                "now": now,
+                "until": now + timedelta(seconds=PLAN_LEASE_S),
+                "queued": WorkflowStatus.QUEUED.value,
+                "running": WorkflowStatus.RUNNING.value,
+            },
+        )
+        .mappings()
+        .one_or_none()
+    )
+    if row is None:
+        return None
+    return RunRow(
+        workflow_id=row["workflow_id"],
+        status=WorkflowStatus.RUNNING.value,
+        request=SubmitRequest.model_validate(row["request"]),
+        state=None,
+        created_at=row["created_at"],
+    )
+
+
+# One statement (a round trip, where a transaction of its own took five): the run is taken if
+# it is queued, or if the process that took it stopped renewing its lease.
+_TAKE_TO_PLAN = text(
+    """
+    WITH taken AS (
+        UPDATE workflow_run
+        SET status = :running, next_deadline_at = :until, updated_at = :now
+        WHERE workflow_id = :workflow AND COALESCE(jsonb_typeof(state), 'null') = 'null'
+            AND (status = :queued OR next_deadline_at <= :now)
+        RETURNING workflow_id, request
+    ), shown AS (
+        UPDATE workflow SET status = :running
+        WHERE id IN (SELECT workflow_id FROM taken) AND status = :queued
+    )
+    SELECT taken.workflow_id, taken.request, workflow.created_at
+    FROM taken JOIN workflow ON workflow.id = taken.workflow_id
+    """
+)
+
+
+class PlanLeases:
+    """The queued runs this process plans (``take_to_plan``), dated ahead again every
+    ``PLAN_LEASE_RENEW_S`` by a thread of their own while it lives. Renewals that stall (the
+    database away) only let a sweeper send the start again while its process still plans,
+    which costs a second plan at most: the first to commit starts the workflow, and the other
+    finds it started."""
+
+    def __init__(self, engine: Engine, interval_s: float = PLAN_LEASE_RENEW_S) -> None:
+        self._engine = engine
+        self._ids: set[uuid.UUID] = set()
+        self._lock = threading.Lock()
+        self._thread = Periodic("conductor-plan-leases", self.renew, interval_s).start()
+
+    def hold(self, workflow_id: uuid.UUID) -> None:
+        with self._lock:
+            self._ids.add(workflow_id)
+
+    def release(self, workflow_id: uuid.UUID) -> None:
+        with self._lock:
+            self._ids.discard(workflow_id)
+
+    def renew(self) -> int:
+        """Date the held runs ahead again; how many are held."""
+        with self._lock:
+            ids = sorted(self._ids)
+        if not ids:
+            return 0
+        until = utcnow() + timedelta(seconds=PLAN_LEASE_S)
+        try:
+            with self._engine.begin() as conn:
+                conn.execute(_RENEW_PLAN_LEASES, {"ids": ids, "until": until})
+        except SQLAlchemyError as exc:
+            logger.warning("cannot renew the leases of %d runs being planned (%s)", len(ids), exc)
+        return len(ids)
+
+    def close(self) -> None:
+        self._thread.stop()
+
+
+_RENEW_PLAN_LEASES = (
+    update(run_table)
+    .where(
+        run_table.c.workflow_id.in_(bindparam("ids", expanding=True)),
+        _NOT_STARTED,
+    )
+    .values(next_deadline_at=bindparam("until"))
+)
+
+
+def give_up_plan(engine: Engine, workflow_id: uuid.UUID) -> None:
+    """Queue again a run this process took to plan and could not start (its change failed):
+    its start message, delivered again, is taken at once rather than after the lease.
+    Best effort: failing, the lease lapses and a sweeper sends the start."""
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                update(run_table)
+                .where(run_table.c.workflow_id == workflow_id, _NOT_STARTED)
+                .values(status=WorkflowStatus.QUEUED.value, next_deadline_at=utcnow())
+            )
+    except SQLAlchemyError as exc:
+        logger.warning("cannot queue workflow %s again (%s)", workflow_id, exc)
 
 
 def active_runs(conn: Connection) -> list[uuid.UUID]:

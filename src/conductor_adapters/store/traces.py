@@ -51,7 +51,7 @@ from conductor_adapters.store.redact import (
     scrub_snapshot,
     secret_values,
 )
-from conductor_adapters.webhooks import record_delivery
+from conductor_adapters.webhooks import DELIVERY_TARGET, record_delivery
 
 Row = dict[str, Any]
 
@@ -183,7 +183,8 @@ class TraceWrites:
     row was written at its submission (the distributed aggregator). The row is then not made
     sure of, and the record's planner calls are written as they are rather than merged with
     the stored ones (read first, under a lock of their own): two statements fewer at a plan,
-    three at the outcome.
+    three at the outcome. Its start may find the row marked running already, by the process
+    that took the workflow to plan it (``runs.take_to_plan``), and records the pool there.
     """
 
     def __init__(
@@ -287,10 +288,11 @@ class TraceWrites:
 
     def _started(self, workflow_id: uuid.UUID, pool_snapshot: list[dict[str, Any]]) -> Write:
         sql = self._sql
+        mark = sql.mark_taken_running if self.sole_writer else sql.mark_running
 
         def write(conn: Connection) -> None:
             # A submitted workflow waited as "queued": it runs now.
-            conn.execute(sql.mark_running, {"workflow": workflow_id, "snapshot": pool_snapshot})
+            conn.execute(mark, {"workflow": workflow_id, "snapshot": pool_snapshot})
 
         return write
 
@@ -335,9 +337,10 @@ class TraceWrites:
                 self._merge_plans(conn, workflow_id, calls)
             for row, attempts in steps:
                 self._finish_step(conn, workflow_id, row, attempts)
-            finished = conn.execute(finish_workflow, {"workflow": workflow_id, **_new(final)})
-            if finished.rowcount:  # this write ended it (a repeat ends nothing): tell its client
-                record_delivery(conn, result, result.finished_at or utcnow())
+            params = {"workflow": workflow_id, **_new(final)}
+            ended = conn.execute(finish_workflow, params).first()
+            if ended is not None:  # this write ended it (a repeat ends nothing): tell its client
+                record_delivery(conn, result, result.finished_at or utcnow(), target=ended)
 
         return write
 
@@ -425,10 +428,23 @@ class _Statements:
 
     def __init__(self, dialect: str) -> None:
         this_workflow = workflow_table.c.id == bindparam("workflow")
+        running = {"status": WorkflowStatus.RUNNING.value, "pool_snapshot": bindparam("snapshot")}
         self.mark_running = (
             update(workflow_table)
             .where(this_workflow, workflow_table.c.status == WorkflowStatus.QUEUED.value)
-            .values(status=WorkflowStatus.RUNNING.value, pool_snapshot=bindparam("snapshot"))
+            .values(running)
+        )
+        # A sole writer's start is written once, and finds its row marked running already by
+        # the aggregator that took it to plan its first round (``runs.take_to_plan``).
+        self.mark_taken_running = (
+            update(workflow_table)
+            .where(
+                this_workflow,
+                workflow_table.c.status.in_(
+                    [WorkflowStatus.QUEUED.value, WorkflowStatus.RUNNING.value]
+                ),
+            )
+            .values(running)
         )
         self.planner_calls = (
             select(workflow_table.c.planner_calls).where(this_workflow).with_for_update()
@@ -443,6 +459,7 @@ class _Statements:
             .where(this_workflow)
             .where(workflow_table.c.status.not_in([s.value for s in TERMINAL_WORKFLOW_STATUSES]))
             .values(_setting(FINAL_WORKFLOW_COLUMNS))
+            .returning(*DELIVERY_TARGET)
         )
         insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
         self.ensure_workflow = insert(workflow_table).on_conflict_do_nothing(index_elements=["id"])
