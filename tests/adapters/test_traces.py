@@ -30,6 +30,7 @@ from conductor.workflow import (
     WorkflowRecord,
     WorkflowStatus,
 )
+from conductor_adapters.store import db
 from conductor_adapters.store.db import (
     DatabaseUnavailableError,
     alembic_config,
@@ -459,6 +460,32 @@ def test_bare_postgres_scheme_uses_psycopg() -> None:
         assert engine.url.drivername == "postgresql+psycopg"
     finally:
         engine.dispose()
+
+
+@pytest.mark.postgres
+def test_a_pooled_connection_the_database_closed_while_idle_is_replaced_unnoticed(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a PostgreSQL engine whose one pooled connection the server closes (a restart, an
+    # idle timeout) while it sits in the pool
+    monkeypatch.setattr(db, "IDLE_PING_S", 0.0)
+    engine = make_engine(postgres_url)
+    admin = make_engine(postgres_url)
+    try:
+        with engine.connect() as conn:
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        with admin.begin() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+
+        # When the engine is used again, once it was idle
+        with engine.connect() as conn:
+            again = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+
+        # Then the use succeeded, on a new connection
+        assert again != pid
+    finally:
+        engine.dispose()
+        admin.dispose()
 
 
 def test_redact_url_hides_the_password() -> None:
