@@ -27,6 +27,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
+from conductor_adapters.queue import send
 from conductor_adapters.store import outbox
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def send_staged(
     for item in staged:
         message = item.message
         try:
-            app.send_task(message.task, args=message.args, queue=message.queue, **options)
+            send(app, message.task, message.args, message.queue, **options)
         except (BrokerError, OSError) as exc:
             logger.warning("cannot send %s (%s); it stays in the outbox", message.task, exc)
             break

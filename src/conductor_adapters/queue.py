@@ -80,6 +80,17 @@ def celery_config(settings: BrokerSettings) -> dict[str, Any]:
     }
 
 
+def send(app: Celery, task: str, args: list[Any], queue: str | None, **options: Any) -> None:
+    """Publish a task message. Celery would also write a repr of its arguments into the
+    message's headers (shown by its events and tools such as Flower): a second copy, up to
+    1 KB, of the question, the context or the answer a step carries, made by a pure-Python
+    repr on every send. The headers say it is not shown instead."""
+    app.send_task(
+        task, args=args, queue=queue, argsrepr="<not shown>", kwargsrepr="<not shown>",
+        **options,
+    )  # fmt: skip
+
+
 def new_celery_app(name: str, settings: BrokerSettings) -> Celery:
     app = Celery(name)
     app.conf.update(celery_config(settings))

@@ -4,13 +4,15 @@ own transport does."""
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 
 import pytest
 import redis
 from kombu import Connection
 
-from conductor_adapters.queue import celery_config, new_celery_app
+from conductor_adapters.queue import celery_config, new_celery_app, send
 from conductor_adapters.redis_broker import TRANSPORT_PATH, Transport
 from conductor_adapters.settings import BrokerSettings
 
@@ -59,3 +61,25 @@ def test_acks_from_40_threads_at_once_all_land_through_one_client(
         # kombu keeps each delivered message in the unacked hash until its ack.
         assert client.hlen(f"{redis_prefix}unacked") == 0
         assert client.llen(f"{redis_prefix}{redis_prefix}q") == 0
+
+
+def test_a_sent_message_names_its_arguments_without_their_text(
+    redis_url: str, redis_prefix: str
+) -> None:
+    # Given a task message whose argument carries a user's question
+    app = new_celery_app("broker-test", _settings(redis_url, redis_prefix))
+    question = "What is the access code of the vault?"
+
+    # When it is sent
+    send(app, "conductor.test.task", [{"question": question}], "quiet")
+
+    # Then the body carries the argument, and the headers do not repeat it
+    with redis.Redis.from_url(redis_url) as client:
+        [raw] = client.lrange(f"{redis_prefix}quiet", 0, -1)
+        client.delete(f"{redis_prefix}quiet")
+    message = json.loads(raw)
+    headers = message["headers"]
+    assert headers["argsrepr"] == "<not shown>"
+    assert question not in json.dumps(headers)
+    [args, _kwargs, _embed] = json.loads(base64.b64decode(message["body"]))
+    assert args == [{"question": question}]

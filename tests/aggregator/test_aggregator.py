@@ -86,7 +86,7 @@ class RecordingApp:
 
     sent: list[tuple[str, list[Any], str]] = field(default_factory=list)
 
-    def send_task(self, name: str, *, args: list[Any], queue: str) -> None:
+    def send_task(self, name: str, *, args: list[Any], queue: str, **_: Any) -> None:
         self.sent.append((name, args, queue))
 
     def take(self, name: str) -> list[list[Any]]:
@@ -462,7 +462,7 @@ class CheckingApp(RecordingApp):
     engine: Engine | None = None
     committed_at_send: list[bool] = field(default_factory=list)
 
-    def send_task(self, name: str, *, args: list[Any], queue: str) -> None:
+    def send_task(self, name: str, *, args: list[Any], queue: str, **_: Any) -> None:
         assert self.engine is not None
         if name == CALL_WORKER_TASK:
             context = CallRequest.model_validate(args[0]).context
@@ -480,7 +480,7 @@ class CheckingApp(RecordingApp):
 class BrokerDownApp(RecordingApp):
     """A broker that refuses every message, as kombu reports an unreachable one."""
 
-    def send_task(self, name: str, *, args: list[Any], queue: str) -> None:
+    def send_task(self, name: str, *, args: list[Any], queue: str, **_: Any) -> None:
         raise BrokerOperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
 

@@ -86,7 +86,7 @@ from conductor.ports import Planner
 from conductor.tracing import planning_span, record_workflow_span, workflow_traceparent
 from conductor.workflow import PlanOutcome, PoolEntry
 from conductor_adapters.loop_thread import LoopThread
-from conductor_adapters.queue import RedisBrokerWatch
+from conductor_adapters.queue import RedisBrokerWatch, send
 from conductor_adapters.store import outbox
 from conductor_adapters.store.runs import (
     PlanLeases,
@@ -394,7 +394,7 @@ class Aggregator:
         self.flush_outbox(now)
         self.recover_replies(now.timestamp())
         for delivery_id in claim_due(self.engine, now):  # webhooks due: one task each
-            self.app.send_task(DELIVER_WEBHOOK_TASK, args=[delivery_id], queue=AGGREGATOR_QUEUE)
+            send(self.app, DELIVER_WEBHOOK_TASK, [delivery_id], AGGREGATOR_QUEUE)
         if self.broker_watch is not None and self.broker_watch.lost_data():
             return self.resend_lost(now)
         with self.engine.connect() as conn:
@@ -501,7 +501,7 @@ class Aggregator:
         for item in staged:
             message = item.message
             try:
-                self.app.send_task(message.task, args=message.args, queue=message.queue)
+                send(self.app, message.task, message.args, message.queue)
             except (BrokerError, OSError) as exc:
                 # Committed already: the rows stay, and a sweeper sends them once the broker
                 # answers. Raising would only redeliver a message that now changes nothing.

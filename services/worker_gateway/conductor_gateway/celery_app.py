@@ -65,7 +65,7 @@ from conductor.tracing import call_span, end_step, step_span
 from conductor.workflow import AttemptRecord
 from conductor_adapters.answer_streams import append_piece
 from conductor_adapters.loop_thread import LoopThread
-from conductor_adapters.queue import OnFirstUse, new_celery_app
+from conductor_adapters.queue import OnFirstUse, new_celery_app, send
 from conductor_gateway.gateway import WorkerGateway
 from conductor_gateway.metrics import GatewayMetrics
 from conductor_gateway.quotas_redis import RedisQuotas
@@ -225,9 +225,7 @@ class GatewayProcess:
         else:
             # Publishing retries by itself (task_publish_retry_policy); on RabbitMQ the broker
             # confirms the message before this returns, and only then is the call acked.
-            app.send_task(
-                STEP_RESULT_TASK, args=[reply.model_dump(mode="json")], queue=request.reply_queue
-            )
+            send(app, STEP_RESULT_TASK, [reply.model_dump(mode="json")], request.reply_queue)
         return reply
 
     async def _call_once(self, request: CallRequest) -> CallReply:

@@ -31,6 +31,7 @@ from conductor.ports import DeltaSink, StepCallResult
 from conductor.tracing import current_traceparent
 from conductor.workflow import AttemptRecord
 from conductor_adapters.answer_streams import START, read_pieces
+from conductor_adapters.queue import send
 
 logger = logging.getLogger(__name__)
 
@@ -103,10 +104,7 @@ class QueuedStepRunner:
         relay = _Relay(self.redis, stream, deltas) if stream and deltas else None
         try:
             await asyncio.to_thread(
-                self.app.send_task,
-                CALL_WORKER_TASK,
-                args=[request.model_dump(mode="json")],
-                queue=queue_for(spec),
+                send, self.app, CALL_WORKER_TASK, [request.model_dump(mode="json")], queue_for(spec)
             )
             if relay is None:
                 reply = await asyncio.wait_for(reply_future, self.reply_timeout_s)

@@ -32,6 +32,7 @@ from conductor.variants import Variant
 from conductor.workflow import WorkflowStatus
 from conductor_adapters.outbox_relay import send_staged
 from conductor_adapters.periodic import Periodic
+from conductor_adapters.queue import send
 from conductor_adapters.store import outbox
 from conductor_adapters.store.models import new_workflow_values, run_table, workflow_table
 
@@ -176,7 +177,7 @@ def record_submission(
 
 
 def send_start(app: Celery, workflow_id: uuid.UUID) -> None:
-    app.send_task(START_WORKFLOW_TASK, args=[str(workflow_id)], queue=AGGREGATOR_QUEUE)
+    send(app, START_WORKFLOW_TASK, [str(workflow_id)], AGGREGATOR_QUEUE)
 
 
 def lock_run(conn: Connection, workflow_id: uuid.UUID) -> RunRow | None:
