@@ -140,6 +140,25 @@ def test_a_reader_waiting_for_the_outcome_asks_the_table_once_when_all_is_announ
     # Then it asked once whether the outcome is stored, read no event, and was woken by
     # announcements for the rest (following the events re-read them after each announcement)
     assert reads == ["outcome_stored"]
+    # And a reader of a workflow its own request submitted a moment ago (a chat completion's)
+    # does not even ask that: the end's announcement says it
+    reads.clear()
+
+    async def wait_for_one_submitted_now() -> None:
+        caller = Caller(tenant="acme")
+        started = await service.start_workflow(caller, "What is 6 * 7?", pool=["quick"])
+        await service.wait_for_stored_outcome(started.workflow_id, "acme", submitted_now=True)
+        view = await service.read(started.workflow_id, "acme")
+        assert view is not None
+        assert view.status == "completed"
+
+    api = LiveApi(lambda: scripted_service(f"sqlite:///{tmp_path / 'conductor.db'}", workers))
+    service = api.service
+    try:
+        api.loop.run(wait_for_one_submitted_now())
+    finally:
+        api.close()
+    assert reads == []
 
 
 @pytest.mark.slow

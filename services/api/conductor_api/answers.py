@@ -50,11 +50,14 @@ async def completed_workflow(
     tenant: str,
     timeout_s: float,
     gone: Callable[[], Awaitable[None]],
+    *,
+    submitted_now: bool = False,
 ) -> WorkflowView:
     """The workflow once it has completed (counted in the metrics); a 502 if it did not, a
     504 past ``timeout_s`` (the workflow runs on). If the client goes away first (``gone``
-    returns), the workflow is cancelled."""
-    outcome = asyncio.ensure_future(service.wait_for_outcome(workflow_id, tenant))
+    returns), the workflow is cancelled. ``submitted_now``: by this request, a moment ago."""
+    waiting = service.wait_for_outcome(workflow_id, tenant, submitted_now=submitted_now)
+    outcome = asyncio.ensure_future(waiting)
     left = asyncio.ensure_future(gone())
     try:
         async with asyncio.timeout(timeout_s):

@@ -175,7 +175,12 @@ async def answer_chat(
         )
         return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
     view = await completed_workflow(
-        service, workflow_id, caller.tenant, timeout_s, disconnected(request)
+        service,
+        workflow_id,
+        caller.tenant,
+        timeout_s,
+        disconnected(request),
+        submitted_now=not started.replayed,
     )
     usage = openai_usage(view.usage)
     finish = "tool_calls" if view.tool_calls else "stop"

@@ -309,7 +309,12 @@ async def create_response(
         stream = _workflow_stream(service, stored, timeout_s)
         return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
     view = await completed_workflow(
-        service, workflow_id, caller.tenant, timeout_s, disconnected(request)
+        service,
+        workflow_id,
+        caller.tenant,
+        timeout_s,
+        disconnected(request),
+        submitted_now=not started.replayed,
     )
     return JSONResponse(workflow_object(stored, view))
 

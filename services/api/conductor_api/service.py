@@ -291,20 +291,29 @@ class WorkflowService:
             async with asyncio.timeout(CANCEL_WAIT_S):
                 await self.wait_for_outcome(workflow_id, tenant)
 
-    async def wait_for_outcome(self, workflow_id: uuid.UUID, tenant: str) -> None:
+    async def wait_for_outcome(
+        self, workflow_id: uuid.UUID, tenant: str, *, submitted_now: bool = False
+    ) -> None:
         """Return once the workflow's outcome is stored. Raises LookupError when the workflow
-        is not the tenant's (one running in this process is waited for as it runs)."""
+        is not the tenant's (one running in this process is waited for as it runs).
+        ``submitted_now``: the caller submitted it a moment ago, for this tenant."""
         if await self.runtime.wait_for_run(workflow_id):
             return
-        await self.wait_for_stored_outcome(workflow_id, tenant)
+        await self.wait_for_stored_outcome(workflow_id, tenant, submitted_now=submitted_now)
 
-    async def wait_for_stored_outcome(self, workflow_id: uuid.UUID, tenant: str) -> None:
+    async def wait_for_stored_outcome(
+        self, workflow_id: uuid.UUID, tenant: str, *, submitted_now: bool = False
+    ) -> None:
         """``wait_for_outcome`` for a workflow run anywhere: the table is asked whether the
         outcome is stored (no event is read: a non-streamed request needs the outcome, not
         every event); after that, announcements of progress only wake the wait, and the table
-        is asked again only when the wait timed out or was woken to re-read."""
+        is asked again only when the wait timed out or was woken to re-read. A workflow
+        ``submitted_now`` is the tenant's and has not ended unless its end was announced
+        since (announced ends are remembered): the table is not asked first."""
         signals = self.runtime.signals
-        finished = await asyncio.to_thread(outcome_stored, self.engine, workflow_id, tenant)
+        finished: bool | None = False
+        if not submitted_now:
+            finished = await asyncio.to_thread(outcome_stored, self.engine, workflow_id, tenant)
         if finished is None:
             raise LookupError(workflow_id)
         seen, announced_finished = signals.latest(workflow_id)
